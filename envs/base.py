@@ -1,0 +1,120 @@
+"""`Task`, the `Env` protocol, grading results, and the env registry.
+
+`Task` maps the SWE-bench instance schema one to one (the v5 fields `image`, `eval_script`,
+`log_parser`, `eval_type` included) and adds what a task made from a local repository needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Protocol
+
+from sandbox.base import Sandbox
+
+
+@dataclass
+class Task:
+    instance_id: str
+    repo: str  # "owner/name" for SWE-bench rows, or a local git repository path
+    base_commit: str
+    problem_statement: str
+    patch: str = ""  # the gold patch
+    test_patch: str = ""
+    FAIL_TO_PASS: list[str] = field(default_factory=list)
+    PASS_TO_PASS: list[str] = field(default_factory=list)
+    version: str = ""
+    environment_setup_commit: str = ""
+    hints_text: str = ""
+    created_at: str = ""
+    # -- beyond the v4 schema --
+    image: str | None = None  # None: the sandbox base image
+    test_cmd: str | None = None  # None: pytest -rA over the files named in the test lists
+    log_parser: str = "parse_log_pytest"  # a key of swebench's PARSER_REGISTRY
+    eval_script: str | None = None  # swebench v5: a whole eval.sh (applies test_patch itself)
+    eval_type: str = "pass_and_fail"
+    repo_path: str | None = None  # `repo` resolved to an absolute local path, when it is one
+    extra: dict[str, Any] = field(default_factory=dict)  # other columns, kept for round trips
+
+    @property
+    def test_files(self) -> list[str]:
+        """Files named by FAIL_TO_PASS / PASS_TO_PASS ids (`path::test`), in order."""
+        seen: dict[str, None] = {}
+        for test in self.FAIL_TO_PASS + self.PASS_TO_PASS:
+            path = test.split("::", 1)[0]
+            if path.endswith(".py"):
+                seen.setdefault(path, None)
+        return list(seen)
+
+    def to_row(self) -> dict[str, Any]:
+        """The SWE-bench-format row (test lists as JSON strings, as the hub datasets have them)."""
+        row = {k: v for k, v in asdict(self).items() if k not in ("extra", "repo_path")}
+        row["FAIL_TO_PASS"] = json.dumps(self.FAIL_TO_PASS)
+        row["PASS_TO_PASS"] = json.dumps(self.PASS_TO_PASS)
+        row.update(self.extra)
+        return {k: v for k, v in row.items() if v is not None}
+
+
+@dataclass
+class GradeResult:
+    """The outcome of grading one patch. `reward` is 1.0 exactly when `resolved`."""
+
+    instance_id: str
+    resolved: bool
+    patch_applied: bool
+    tests_status: dict[str, str] = field(default_factory=dict)  # test id -> PASSED / FAILED / ...
+    report: dict[str, Any] = field(default_factory=dict)  # swebench's get_eval_report entry
+    log: str = ""
+    error: str | None = None  # why grading could not judge the patch (timeout, apply failure...)
+    timed_out: bool = False
+    empty_patch: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.resolved else 0.0
+
+
+class Env(Protocol):
+    """A task family. `reset` lays out the workspace and returns the prompt; `grade` judges it."""
+
+    name: str
+
+    def image_for(self, task: Task) -> str: ...
+
+    def reset(self, task: Task, sandbox: Sandbox) -> str: ...
+
+    def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult: ...
+
+
+_REGISTRY: dict[str, Callable[..., Env]] = {}
+
+
+def register_env(name: str):
+    """Class decorator: make an env constructible by name (`make_env(name, **cfg)`)."""
+
+    def wrap(cls):
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return wrap
+
+
+def make_env(name: str, **cfg) -> Env:
+    """Build a registered env; `envs.<name>` is imported first if nothing registered it yet."""
+    if name not in _REGISTRY:
+        try:
+            importlib.import_module(f"envs.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"envs.{name}":
+                raise
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise KeyError(f"no env named {name!r} (registered: {known}); add envs/{name}.py with @register_env")
+    return _REGISTRY[name](**cfg)
+
+
+def registered_envs() -> list[str]:
+    return sorted(_REGISTRY)

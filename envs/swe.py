@@ -1,0 +1,174 @@
+"""The SWE env: a repository at a base commit; a patch is graded by running its tests.
+
+Grading follows SWE-bench: the workspace goes back to the base commit, the patch is applied
+(`git apply`, then `git apply --reject`, then `patch --fuzz`), the test files are reset, the
+test patch is applied, the tests run under a timeout, and swebench's own `get_eval_report`
+reads the log. Resolved = every FAIL_TO_PASS and every PASS_TO_PASS test passes.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from swebench.harness.constants import (
+    APPLY_PATCH_FAIL,
+    END_TEST_OUTPUT,
+    START_TEST_OUTPUT,
+    TESTS_TIMEOUT,
+)
+from swebench.harness.grading import get_eval_report, get_logs_eval
+from swebench.harness.log_parsers import PARSER_REGISTRY
+from swebench.harness.utils import make_test_spec
+
+from envs.base import GradeResult, Task, register_env
+from sandbox.base import WORKDIR, Sandbox, SandboxError
+from sandbox.docker import DEFAULT_IMAGE
+
+PROMPT_FILE = Path(__file__).parent / "prompts" / "swe.txt"
+# Written into .git/info/exclude so byte-code and caches never show up in a diff.
+EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n*.egg-info/\n"
+APPLY_CMDS = [
+    "git apply --verbose {p}",
+    "git apply --verbose --reject {p}",
+    "patch --batch --fuzz=5 -p1 -i {p}",
+]
+_HEREDOC = "EOF_SAO_5f3c1e"
+
+
+def default_test_cmd(task: Task) -> str:
+    files = " ".join(shlex.quote(f) for f in task.test_files)
+    return f"python3 -m pytest -rA --tb=short -p no:cacheprovider {files}".rstrip()
+
+
+def modified_files(patch: str) -> list[str]:
+    """Paths a patch changes that exist before it (`--- a/PATH` lines)."""
+    return [line[6:].split("\t")[0] for line in patch.splitlines() if line.startswith("--- a/")]
+
+
+def build_eval_script(task: Task, workdir: str = WORKDIR) -> str:
+    """An eval.sh in swebench's shape for a task that brings none: reset the test files,
+    apply the test patch, run the tests between swebench's start / end markers."""
+    reset = list(dict.fromkeys(modified_files(task.test_patch) + task.test_files))
+    base = shlex.quote(task.base_commit)
+    lines = [f"cd {workdir}"]
+    if reset:
+        quoted = " ".join(shlex.quote(f) for f in reset)
+        # a test file the base lacks is removed: the test patch (or nothing) provides it
+        lines.append(f'for f in {quoted}; do git checkout {base} -- "$f" 2>/dev/null || rm -f "$f"; done')
+    if task.test_patch.strip():
+        lines += [f"git apply --verbose - <<'{_HEREDOC}'", task.test_patch.rstrip("\n"), _HEREDOC]
+    lines += [f": '{START_TEST_OUTPUT}'", task.test_cmd or default_test_cmd(task), f": '{END_TEST_OUTPUT}'"]
+    if reset:
+        lines.append(f'for f in {quoted}; do git checkout {base} -- "$f" 2>/dev/null || true; done')
+    return "\n".join(lines) + "\n"
+
+
+def test_spec_for(task: Task):
+    """swebench's TestSpec for `task`, built by swebench's own make_test_spec."""
+    if task.log_parser not in PARSER_REGISTRY:
+        raise ValueError(f"task {task.instance_id}: log_parser {task.log_parser!r} is not one of swebench's parsers")
+    return make_test_spec(
+        {
+            "instance_id": task.instance_id,
+            "image": task.image or DEFAULT_IMAGE,
+            "eval_script": task.eval_script or build_eval_script(task),
+            "repo": task.repo,
+            "version": task.version,
+            "FAIL_TO_PASS": task.FAIL_TO_PASS,
+            "PASS_TO_PASS": task.PASS_TO_PASS,
+            "log_parser": task.log_parser,
+            "eval_type": task.eval_type,
+        }
+    )
+
+
+@register_env("swe")
+class SWEEnv:
+    """SWE-bench-style tasks. `test_timeout_s` bounds one run of a task's tests."""
+
+    def __init__(self, image: str = DEFAULT_IMAGE, test_timeout_s: float = 300.0, prompt_file: str | None = None):
+        self.default_image = image
+        self.test_timeout_s = test_timeout_s
+        self.prompt_template = Path(prompt_file or PROMPT_FILE).read_text()
+
+    def image_for(self, task: Task) -> str:
+        return task.image or self.default_image
+
+    def reset(self, task: Task, sandbox: Sandbox) -> str:
+        """Put the repository at `task.base_commit` in the sandbox's workdir; return the prompt."""
+        wd = sandbox.workdir
+        if task.repo_path:
+            sandbox.copy_in(task.repo_path, wd)
+        elif not sandbox.exec(f"test -d {wd}/.git", timeout=30).ok:
+            raise SandboxError(
+                f"task {task.instance_id}: repo {task.repo!r} is not a local path and image "
+                f"{self.image_for(task)!r} has no git repository at {wd}"
+            )
+        base = shlex.quote(task.base_commit)
+        r = sandbox.exec(
+            f"git checkout -q -f {base} && git clean -fdq && mkdir -p .git/info && "
+            f"printf %s {shlex.quote(EXCLUDES)} >> .git/info/exclude",
+            timeout=120,
+        )
+        if not r.ok:
+            raise SandboxError(f"task {task.instance_id}: cannot check out {task.base_commit}: {r.output[-1000:]}")
+        return self.prompt_template.format(
+            workdir=wd, repo=task.repo, problem_statement=task.problem_statement.strip()
+        )
+
+    def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult:
+        """Grade `patch`, or the workspace's diff against the base commit when it is None."""
+        start = time.monotonic()
+        if patch is None:
+            patch = sandbox.diff(task.base_commit)
+        result = GradeResult(task.instance_id, resolved=False, patch_applied=False, empty_patch=not patch.strip())
+        base = shlex.quote(task.base_commit)
+        r = sandbox.exec(f"git reset -q --hard {base} && git clean -fdq", timeout=120)
+        if not r.ok:
+            raise SandboxError(f"task {task.instance_id}: cannot reset the workspace: {r.output[-1000:]}")
+        log = ""
+        if not result.empty_patch:
+            sandbox.write_file("/tmp/sao_model.patch", patch if patch.endswith("\n") else patch + "\n")
+            for cmd in APPLY_CMDS:
+                r = sandbox.exec(cmd.format(p="/tmp/sao_model.patch"), timeout=120)
+                if r.ok:
+                    break
+                log += f"$ {cmd.format(p='model.patch')}\n{r.output}\n"
+            else:
+                result.error = "patch does not apply: " + r.output.strip()[-500:]
+                result.log = log + APPLY_PATCH_FAIL + "\n"
+                return self._finish(result, task, patch, start)
+        result.patch_applied = True
+        spec = test_spec_for(task)
+        sandbox.write_file("/tmp/sao_eval.sh", spec.eval_script)
+        r = sandbox.exec("bash /tmp/sao_eval.sh", timeout=self.test_timeout_s, output_limit=4_000_000)
+        result.log = r.output
+        if r.timed_out:
+            result.timed_out = True
+            result.error = f"tests timed out after {self.test_timeout_s:g}s"
+            result.log += f"\n{TESTS_TIMEOUT}\n"
+        elif r.oom_killed:
+            result.error = "tests were killed: out of memory"
+        return self._finish(result, task, patch, start, spec)
+
+    def _finish(self, result: GradeResult, task: Task, patch: str, start: float, spec=None) -> GradeResult:
+        spec = spec or test_spec_for(task)
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write(result.log)
+            log_path = f.name
+        try:
+            prediction = {"instance_id": task.instance_id, "model_patch": patch, "model_name_or_path": "sao"}
+            report = get_eval_report(spec, prediction, log_path, include_tests_status=True)[task.instance_id]
+            status_map, _ = get_logs_eval(spec, log_path)
+        finally:
+            Path(log_path).unlink(missing_ok=True)
+        result.report = report
+        result.tests_status = status_map
+        result.resolved = bool(report["resolved"]) and result.error is None
+        if result.patch_applied and not report.get("patch_successfully_applied") and result.error is None:
+            result.error = "the test log could not be read (the test patch failed or the suite did not run)"
+        result.duration_s = time.monotonic() - start
+        return result

@@ -1,0 +1,101 @@
+"""The Sandbox protocol: one isolated workspace per rollout, always closed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+WORKDIR = "/testbed"
+TRUNCATION_MARK = "\n[... {n} bytes cut from the middle of this output ...]\n"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandbox; units are in the field names."""
+
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    pids: int = 512
+    output_bytes: int = 64_000  # per exec, head and tail kept
+    default_timeout_s: float = 120.0
+
+
+@dataclass
+class ExecResult:
+    """What one command did. `output` is stdout and stderr interleaved, capped."""
+
+    exit_code: int
+    output: str
+    timed_out: bool = False
+    truncated: bool = False
+    oom_killed: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        """One line a person (or a model) can read about how the command ended."""
+        if self.timed_out:
+            return f"timed out after {self.duration_s:.1f}s and was killed"
+        if self.oom_killed:
+            return "killed: out of memory (the sandbox's memory limit was reached)"
+        return f"exit code {self.exit_code}"
+
+
+class SandboxError(RuntimeError):
+    """An infrastructure fault (engine down, container gone), not a failing command."""
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    workdir: str
+
+    def exec(self, cmd: str, timeout: float | None = None, workdir: str | None = None) -> ExecResult: ...
+
+    def read_file(self, path: str) -> str: ...
+
+    def write_file(self, path: str, content: str) -> None: ...
+
+    def diff(self, base: str = "HEAD") -> str: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class OutputCap:
+    """Keeps the head and the tail of a stream within `limit` bytes and counts the cut."""
+
+    limit: int
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    cut: int = 0
+
+    def feed(self, chunk: bytes) -> None:
+        half = self.limit // 2
+        room = half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail += chunk
+        excess = len(self.tail) - (self.limit - half)
+        if excess > 0:
+            del self.tail[:excess]
+            self.cut += excess
+
+    def text(self) -> tuple[str, bool]:
+        head = self.head.decode("utf-8", errors="replace")
+        tail = self.tail.decode("utf-8", errors="replace")
+        if not self.cut:
+            return head + tail, False
+        return head + TRUNCATION_MARK.format(n=self.cut) + tail, True
+
+
+def cap_text(text: str, limit: int) -> tuple[str, bool]:
+    """Cap a string the way exec output is capped (head and tail kept, the cut marked)."""
+    cap = OutputCap(limit)
+    cap.feed(text.encode("utf-8"))
+    return cap.text()

@@ -1,0 +1,330 @@
+"""Docker backend of the Sandbox protocol: one real container per rollout, on the docker SDK.
+
+Every container runs with no network, memory / CPU / pids limits and a fixed workdir, and
+carries labels (`sao.sandbox`, `sao.run_id`, `sao.host`, `sao.pid`) so `sweep()` can remove
+the leftovers of runs that died. A container is removed on `close()`, on leaving its `with`
+block (exceptions and Ctrl-C included) and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import logging
+import os
+import posixpath
+import shlex
+import signal
+import socket
+import tarfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError
+
+log = logging.getLogger(__name__)
+
+LABEL = "sao.sandbox"
+DEFAULT_IMAGE = "sao-sandbox:bookworm"
+# The host waits this long past a command's own timeout before it kills every process itself.
+HOST_GRACE_S = 10.0
+_TIMEOUT_EXIT = 124  # GNU timeout's status when it had to stop the command
+_DIFF_LIMIT = 20_000_000
+
+_live: dict[str, "DockerSandbox"] = {}
+_live_lock = threading.Lock()
+
+
+def client() -> docker.DockerClient:
+    """The local (or DOCKER_HOST) engine, or a SandboxError that says how to start one."""
+    try:
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c
+    except docker.errors.DockerException as e:
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise SandboxError(
+            f"no Docker engine answers at {host} ({e}). Start one with "
+            "`dockerd --iptables=false --bridge=none &` or run ./setup.sh, which installs it."
+        ) from e
+
+
+class DockerSandbox:
+    """A running container with a workspace at `workdir`. Use as a context manager."""
+
+    def __init__(
+        self,
+        image: str = DEFAULT_IMAGE,
+        limits: Limits = Limits(),
+        run_id: str = "default",
+        env: dict[str, str] | None = None,
+        docker_client: docker.DockerClient | None = None,
+        workdir: str = WORKDIR,
+    ):
+        self.image = image
+        self.limits = limits
+        self.workdir = workdir
+        self._client = docker_client or client()
+        self._oom_seen = 0
+        self._n_exec = 0
+        labels = {
+            LABEL: "1",
+            "sao.run_id": run_id,
+            "sao.host": socket.gethostname(),
+            "sao.pid": str(os.getpid()),
+        }
+        environment = {"PYTHONDONTWRITEBYTECODE": "1", "PAGER": "cat", "GIT_PAGER": "cat", "LC_ALL": "C.UTF-8"}
+        environment.update(env or {})
+        try:
+            self._container = self._client.containers.run(
+                image,
+                command=["sleep", "infinity"],
+                name=f"sao-{run_id[:24]}-{uuid.uuid4().hex[:8]}".replace("/", "-"),
+                detach=True,
+                init=True,  # reaps zombies, so a fork bomb's dead children free their pids
+                network_mode="none",
+                mem_limit=f"{limits.memory_mb}m",
+                memswap_limit=f"{limits.memory_mb}m",  # no swap: a memory hog is killed, not slowed
+                nano_cpus=int(limits.cpus * 1e9),
+                pids_limit=limits.pids,
+                working_dir=workdir,
+                labels=labels,
+                environment=environment,
+                hostname="sandbox",
+            )
+        except docker.errors.ImageNotFound as e:
+            raise SandboxError(
+                f"image {image!r} is not on this Docker engine. Build the default one with "
+                f"`python -m sandbox.images`, or `docker pull {image}` where a registry is reachable."
+            ) from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"could not start a container from {image!r}: {e}") from e
+        self.id = self._container.id
+        with _live_lock:
+            _live[self.id] = self
+        # init (docker-init) is pid 1; its only child at start is the keep-alive `sleep`
+        out = self._container.exec_run(["ps", "-o", "pid=", "--ppid", "1"]).output.split()
+        self._keepalive_pid = int(out[0]) if out else -1
+
+    # -- commands ---------------------------------------------------------------------------
+    def exec(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        workdir: str | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run `cmd` with bash; kill it and all it started once `timeout` seconds pass."""
+        timeout = float(timeout or self.limits.default_timeout_s)
+        limit = output_limit or self.limits.output_bytes
+        # GNU timeout makes its pid the command's process group and signals the whole group;
+        # the group id is written down so what the command left running is killed after it.
+        self._n_exec += 1
+        pgid_file = f"/tmp/.sao-pgid-{self._n_exec}"
+        wrapped = f"echo $$ > {pgid_file}; exec timeout -k 3 {timeout:g} bash -c {shlex.quote(cmd)}"
+        api = self._client.api
+        start = time.monotonic()
+        try:
+            exec_id = api.exec_create(self.id, ["bash", "-c", wrapped], workdir=workdir or self.workdir)["Id"]
+            stream = api.exec_start(exec_id, stream=True, demux=False)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"exec failed in sandbox {self.id[:12]}: {e}") from e
+        cap = OutputCap(limit)
+
+        def pump() -> None:
+            try:
+                for chunk in stream:
+                    cap.feed(chunk)
+            except Exception as e:  # the stream dies when we kill the processes below
+                log.debug("exec stream ended: %s", e)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        reader.join(timeout + HOST_GRACE_S)
+        host_killed = reader.is_alive()
+        if host_killed:  # the in-container timeout did not stop it: stop everything but init
+            self._kill_all()
+            reader.join(5)
+        duration = time.monotonic() - start
+        exit_code = api.exec_inspect(exec_id).get("ExitCode")
+        exit_code = -1 if exit_code is None else int(exit_code)
+        timed_out = host_killed or (exit_code in (_TIMEOUT_EXIT, 137) and duration >= timeout * 0.98)
+        # Background processes do not outlive their command (this is what stops a fork bomb).
+        self._kill_group(pgid_file)
+        if timed_out:
+            self._kill_all()  # leftovers that left the process group (daemons, setsid)
+        output, truncated = cap.text()
+        oom = exit_code == 137 and not timed_out and self._oom_count_grew()
+        return ExecResult(exit_code, output, timed_out, truncated, oom, duration)
+
+    def _kill_group(self, pgid_file: str) -> None:
+        # kill again until the group is empty: children forked mid-kill escape one round
+        script = (
+            f"g=$(cat {pgid_file} 2>/dev/null) && while kill -9 -- -$g 2>/dev/null; do sleep 0.02; done; "
+            f"rm -f {pgid_file}; true"
+        )
+        for attempt in range(20):  # a fork bomb can hold every pid for a moment: retry
+            try:
+                if self._container.exec_run(["sh", "-c", script]).exit_code == 0:
+                    return
+            except docker.errors.APIError:
+                pass
+            time.sleep(0.1 * (attempt + 1))
+        raise SandboxError(f"could not stop the processes left by a command in sandbox {self.id[:12]}")
+
+    def _kill_all(self) -> None:
+        """SIGKILL every process but init, the keep-alive and this killer (and its pipeline)."""
+        script = (
+            "me=$$; ps -eo pid=,ppid= | while read p pp; do "
+            f"case $p in 1|$me|{self._keepalive_pid}) continue;; esac; "
+            '[ "$pp" = "$me" ] && continue; kill -9 $p 2>/dev/null; done; true'
+        )
+        try:
+            self._container.exec_run(["sh", "-c", script], user="root")
+        except docker.errors.APIError:
+            pass
+
+    def _oom_count_grew(self) -> bool:
+        """True when the kernel OOM-killed something in this container since the last check."""
+        probe = (
+            "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control"
+        )
+        out = self._container.exec_run(["sh", "-c", probe]).output.decode(errors="replace")
+        count = 0
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                count = int(value)
+        grew, self._oom_seen = count > self._oom_seen, count
+        if not grew and "oom_kill" not in out:  # kernel without the counter: trust the exit code
+            return True
+        return grew
+
+    # -- files ------------------------------------------------------------------------------
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else posixpath.join(self.workdir, path)
+
+    def read_file(self, path: str) -> str:
+        """The text of a file in the sandbox; FileNotFoundError if it is not there."""
+        path = self._abs(path)
+        try:
+            bits, _ = self._container.get_archive(path)
+        except docker.errors.NotFound as e:
+            raise FileNotFoundError(path) from e
+        with tarfile.open(fileobj=io.BytesIO(b"".join(bits))) as tar:
+            member = tar.getmembers()[0]
+            if not member.isfile():
+                raise IsADirectoryError(path)
+            return tar.extractfile(member).read().decode("utf-8", errors="replace")
+
+    def write_file(self, path: str, content: str) -> None:
+        """Create or replace a file (parents made as needed)."""
+        path = self._abs(path)
+        parent, name = posixpath.split(path)
+        self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=30)
+        data = content.encode("utf-8")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        if not self._container.put_archive(parent, buf.getvalue()):
+            raise SandboxError(f"could not write {path} in sandbox {self.id[:12]}")
+
+    def copy_in(self, host_dir: str | Path, dest: str | None = None) -> None:
+        """Copy a host directory's contents (a git repository, say) to `dest` in the sandbox."""
+        dest = dest or self.workdir
+        self.exec(f"mkdir -p {shlex.quote(dest)}", timeout=30)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(host_dir), arcname=".")
+        if not self._container.put_archive(dest, buf.getvalue()):
+            raise SandboxError(f"could not copy {host_dir} into sandbox {self.id[:12]}")
+
+    def diff(self, base: str = "HEAD") -> str:
+        """The workspace against `base` as a git patch, new files included; the index is untouched."""
+        cmd = (
+            "set -e; idx=$(mktemp); cp .git/index $idx 2>/dev/null || true; "
+            "GIT_INDEX_FILE=$idx git add -A >/dev/null; "
+            f"GIT_INDEX_FILE=$idx git -c core.quotepath=false diff --cached --binary {shlex.quote(base)}; rm -f $idx"
+        )
+        result = self.exec(cmd, timeout=120, output_limit=_DIFF_LIMIT)
+        if result.exit_code != 0 or result.truncated:
+            raise SandboxError(f"git diff failed in sandbox {self.id[:12]}: {result.output[-2000:]}")
+        return result.output
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove the container; safe to call twice."""
+        with _live_lock:
+            if _live.pop(self.id, None) is None:
+                return
+        try:
+            self._container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            log.warning("could not remove sandbox %s: %s (sweep() will)", self.id[:12], e)
+
+    def __enter__(self) -> "DockerSandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DockerSandbox({self.id[:12]}, image={self.image!r})"
+
+
+def close_all() -> None:
+    """Remove every sandbox this process still holds."""
+    with _live_lock:
+        live = list(_live.values())
+    for sb in live:
+        sb.close()
+
+
+def sweep(run_id: str | None = None, everything: bool = False, docker_client=None) -> list[str]:
+    """Remove leftover sandboxes: those of `run_id`, all of ours (`everything`), or, by
+    default, those whose owning process on this host is dead. Returns the removed ids."""
+    c = docker_client or client()
+    filters = {"label": [f"{LABEL}=1"] + ([f"sao.run_id={run_id}"] if run_id else [])}
+    host = socket.gethostname()
+    removed = []
+    for ct in c.containers.list(all=True, filters=filters):
+        labels = ct.labels
+        if not (everything or run_id):
+            if labels.get("sao.host") != host or _pid_alive(int(labels.get("sao.pid", "0") or 0)):
+                continue
+        try:
+            ct.remove(force=True)
+            removed.append(ct.id)
+        except docker.errors.APIError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _on_sigterm(signum, frame):  # turn SIGTERM into an exception so `with` blocks unwind
+    raise SystemExit(128 + signum)
+
+
+atexit.register(close_all)
+if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _on_sigterm)
