@@ -1,0 +1,155 @@
+"""The Docker sandbox, on a real engine: isolation, limits, timeouts, caps and cleanup."""
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from conftest import RUN_ID
+from sandbox.base import TRUNCATION_MARK, Limits, cap_text
+from sandbox.docker import LABEL, DockerSandbox, sweep
+
+pytestmark = pytest.mark.docker
+
+
+def test_exec_reads_and_writes(make_sandbox):
+    sb = make_sandbox()
+    r = sb.exec("echo out; echo err >&2; exit 3")
+    assert r.exit_code == 3 and "out" in r.output and "err" in r.output and not r.timed_out
+    sb.write_file("deep/er/file.txt", "héllo\n")
+    assert sb.read_file("/testbed/deep/er/file.txt") == "héllo\n"
+    assert sb.exec("pwd").output.strip() == "/testbed"
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("missing.txt")
+
+
+def test_timeout_kills_the_command_and_says_so(make_sandbox):
+    sb = make_sandbox()
+    r = sb.exec("sleep 30 & sleep 30; echo never", timeout=1.5)
+    assert r.timed_out and "never" not in r.output
+    assert r.duration_s < 10
+    assert "timed out" in r.describe()
+    # nothing of it is left running, and the sandbox still works
+    assert "sleep" not in sb.exec("ps -eo comm=").output.replace("sleep\n", "", 1)
+    assert sb.exec("echo ok").output == "ok\n"
+
+
+def test_output_is_capped_head_and_tail(make_sandbox):
+    sb = make_sandbox(output_bytes=1000)
+    r = sb.exec("echo FIRST; seq 1 100000; echo LAST")
+    assert r.truncated and r.output.startswith("FIRST") and r.output.rstrip().endswith("LAST")
+    assert "bytes cut from the middle" in r.output
+    assert len(r.output) < 1000 + len(TRUNCATION_MARK) + 20
+    text, cut = cap_text("x" * 50, 100)
+    assert text == "x" * 50 and not cut
+
+
+def test_no_network_to_host_loopback(make_sandbox):
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass  # the server is really up on the host
+        sb = make_sandbox()
+        probe = textwrap.dedent(f"""
+            import socket
+            for host in ("127.0.0.1", "172.17.0.1", "1.1.1.1"):
+                try:
+                    socket.create_connection((host, {port}), timeout=2).close()
+                    print("REACHED", host)
+                except OSError as e:
+                    print("refused", host, e)
+        """)
+        sb.write_file("/tmp/probe.py", probe)
+        r = sb.exec("python3 /tmp/probe.py", timeout=30)
+        lines = r.output.splitlines()
+        assert len(lines) == 3 and all(line.startswith("refused") for line in lines), r.output
+        assert sb.exec("cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net").output.split() in (
+            ["unknown", "lo"], ["lo"]
+        )
+    finally:
+        server.shutdown()
+
+
+def test_no_host_files_visible(make_sandbox, tmp_path):
+    secret = tmp_path / "host_secret.txt"
+    secret.write_text("do not leak")
+    sb = make_sandbox()
+    r = sb.exec(f"cat {secret}; ls /work 2>&1; grep -rs 'do not leak' /testbed /tmp /root; true")
+    assert "do not leak" not in r.output
+    assert "No such file" in r.output
+
+
+def test_survives_a_fork_bomb(make_sandbox):
+    sb = make_sandbox(pids=64)
+    r = sb.exec(":(){ :|:& };:", timeout=5)
+    assert not r.ok or "fork" in r.output or r.exit_code == 0  # it ended; how it ended varies
+    after = sb.exec("echo alive; ps -e --no-headers | wc -l")
+    assert after.ok and after.output.startswith("alive")
+    assert int(after.output.split()[-1]) < 10  # the bomb's processes are gone
+
+
+def test_memory_hog_is_killed_and_reported(make_sandbox):
+    sb = make_sandbox(memory_mb=128)
+    r = sb.exec("python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'", timeout=60)
+    assert r.oom_killed and r.exit_code == 137 and not r.timed_out
+    assert "out of memory" in r.describe()
+    assert sb.exec("echo still-here").output == "still-here\n"
+
+
+def test_removed_on_exception_and_close_is_idempotent(docker_client):
+    with pytest.raises(RuntimeError):
+        with DockerSandbox(run_id=RUN_ID, docker_client=docker_client) as sb:
+            cid = sb.id
+            raise RuntimeError("boom")
+    assert not docker_client.containers.list(all=True, filters={"id": cid})
+    sb.close()  # a second close is harmless
+
+
+def test_removed_when_the_process_is_interrupted_or_killed(docker_client, tmp_path):
+    """Ctrl-C (SIGINT) and SIGTERM both unwind the `with` block and remove the container."""
+    script = tmp_path / "hold.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from sandbox.docker import DockerSandbox
+        with DockerSandbox(run_id={RUN_ID!r}) as sb:
+            print(sb.id, flush=True)
+            time.sleep(60)
+    """))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                                stderr=subprocess.DEVNULL, cwd=os.getcwd())
+        cid = proc.stdout.readline().strip()
+        assert docker_client.containers.list(all=True, filters={"id": cid})
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert not docker_client.containers.list(all=True, filters={"id": cid}), sig
+
+
+def test_sweep_removes_leftovers_of_dead_runs(docker_client):
+    # a container whose owner pid is dead, as a crashed run would leave it
+    ct = docker_client.containers.run(
+        "sao-sandbox:bookworm", ["sleep", "infinity"], detach=True, network_mode="none",
+        labels={LABEL: "1", "sao.run_id": RUN_ID, "sao.host": socket.gethostname(), "sao.pid": "999999999"},
+    )
+    live = DockerSandbox(run_id=RUN_ID, docker_client=docker_client)
+    try:
+        removed = sweep(docker_client=docker_client)
+        assert ct.id in removed and live.id not in removed
+    finally:
+        live.close()
+
+
+def test_limits_are_applied(make_sandbox, docker_client):
+    sb = make_sandbox(memory_mb=300, cpus=0.5, pids=100)
+    host = docker_client.api.inspect_container(sb.id)["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["Memory"] == 300 * 2**20 and host["NanoCpus"] == 5 * 10**8 and host["PidsLimit"] == 100
+    assert Limits().pids > 0

@@ -1,0 +1,76 @@
+"""Grading on real containers: the SWE env against a tiny real git repository."""
+
+import pytest
+
+from conftest import CALC_BUGGY, CALC_V1, NEW_TEST, unified_patch
+from envs.swe import SWEEnv
+
+pytestmark = pytest.mark.docker
+
+
+def grade(make_sandbox, task, patch, **env_kw):
+    env = SWEEnv(**env_kw)
+    sb = make_sandbox()
+    prompt = env.reset(task, sb)
+    assert task.problem_statement in prompt
+    return env.grade(task, sb, patch)
+
+
+def test_gold_patch_resolves(make_sandbox, calc_task):
+    r = grade(make_sandbox, calc_task, calc_task.patch)
+    assert r.patch_applied and r.resolved and r.reward == 1.0, r.log[-2000:]
+    assert r.tests_status["test_new.py::test_clamp_high"] == "PASSED"
+    assert r.report["tests_status"]["FAIL_TO_PASS"]["success"] == ["test_new.py::test_clamp_high"]
+
+
+def test_empty_patch_does_not_resolve(make_sandbox, calc_task):
+    r = grade(make_sandbox, calc_task, "")
+    assert r.empty_patch and not r.resolved and r.reward == 0.0
+    assert r.tests_status["test_new.py::test_clamp_high"] == "FAILED"
+    assert r.tests_status["test_calc.py::test_add"] == "PASSED"
+
+
+def test_wrong_patch_does_not_resolve(make_sandbox, calc_task):
+    wrong = calc_task.patch.replace("if x > hi:", "if x >= hi + 100:")
+    r = grade(make_sandbox, calc_task, wrong)
+    assert r.patch_applied and not r.resolved
+    assert r.tests_status["test_new.py::test_clamp_high"] == "FAILED"
+
+
+def test_patch_breaking_pass_to_pass_does_not_resolve(make_sandbox, calc_task):
+    fixed_but_broken = CALC_V1.replace("return a + b", "return a - b")
+    breaking = unified_patch("calc.py", CALC_BUGGY, fixed_but_broken)
+    r = grade(make_sandbox, calc_task, breaking)
+    assert r.patch_applied and not r.resolved
+    assert r.tests_status["test_new.py::test_clamp_high"] == "PASSED"
+    assert r.tests_status["test_calc.py::test_add"] == "FAILED"
+
+
+def test_patch_that_does_not_apply_is_reported(make_sandbox, calc_task):
+    bogus = "--- a/calc.py\n+++ b/calc.py\n@@ -40,3 +40,3 @@\n-nothing here\n+at all\n context\n"
+    r = grade(make_sandbox, calc_task, bogus)
+    assert not r.patch_applied and not r.resolved
+    assert r.error.startswith("patch does not apply")
+
+
+def test_workspace_diff_is_graded(make_sandbox, calc_task):
+    env = SWEEnv()
+    sb = make_sandbox()
+    env.reset(calc_task, sb)
+    src = sb.read_file("calc.py").replace("if x < hi:", "if x > hi:")
+    sb.write_file("calc.py", src)
+    sb.write_file("notes/new_file.txt", "a new file shows up in the diff\n")
+    diff = sb.diff(calc_task.base_commit)
+    assert "notes/new_file.txt" in diff and "+    if x > hi:" in diff
+    r = env.grade(calc_task, sb)  # no patch given: the workspace is the patch
+    assert r.resolved, r.log[-2000:]
+
+
+def test_test_timeout_is_reported(make_sandbox, calc_task):
+    from dataclasses import replace
+
+    slow_tests = NEW_TEST.replace("def test_clamp_high", "import time\n\n\ndef test_slow():\n    time.sleep(60)\n\n\ndef test_clamp_high")
+    task = replace(calc_task, test_patch=unified_patch("test_new.py", "", slow_tests))
+    r = grade(make_sandbox, task, calc_task.patch, test_timeout_s=4)
+    assert r.timed_out and not r.resolved
+    assert r.error == "tests timed out after 4s"
