@@ -1,0 +1,59 @@
+"""Bounded concurrency for sandboxes, retries on infrastructure faults, leak-free cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Iterator
+
+import docker
+
+from sandbox.base import Limits, SandboxError
+from sandbox.docker import DockerSandbox, client, sweep
+
+log = logging.getLogger(__name__)
+
+
+class SandboxPool:
+    """At most `max_live` sandboxes at once; a failed start is retried `retries` times.
+
+    On creation it sweeps the leftovers of dead runs, so a crashed run never piles up
+    containers across restarts.
+    """
+
+    def __init__(self, run_id: str, limits: Limits = Limits(), max_live: int = 4, retries: int = 2):
+        self.run_id = run_id
+        self.limits = limits
+        self.retries = retries
+        self._slots = threading.BoundedSemaphore(max_live)
+        self._client: docker.DockerClient = client()
+        removed = sweep(docker_client=self._client)
+        if removed:
+            log.info("removed %d sandbox(es) left by dead runs", len(removed))
+
+    @contextlib.contextmanager
+    def sandbox(self, image: str) -> Iterator[DockerSandbox]:
+        """A fresh sandbox from `image`, removed when the block ends, however it ends."""
+        with self._slots:
+            sb = self._start(image)
+            try:
+                yield sb
+            finally:
+                sb.close()
+
+    def _start(self, image: str) -> DockerSandbox:
+        for attempt in range(self.retries + 1):
+            try:
+                return DockerSandbox(image, self.limits, self.run_id, docker_client=self._client)
+            except SandboxError as e:
+                # a missing image is the user's to fix, not a fault a retry mends
+                if "is not on this Docker engine" in str(e) or attempt == self.retries:
+                    raise
+                log.warning("sandbox start failed (%s); retrying", e)
+                time.sleep(1.0 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        sweep(run_id=self.run_id, docker_client=self._client)
