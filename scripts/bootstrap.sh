@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Idempotent setup shared by ./setup.sh and ./test.sh: the virtual environment, a running
+# Docker engine (installed from Debian's docker.io when none answers), the offline sandbox
+# base image, and the git repositories of the built-in tasks. Safe to run again: each step
+# is skipped when its result is already there.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+  echo "error: '$*' needs root (or sudo)" >&2; exit 1; fi; }
+
+apt_install() {
+  say "installing Debian packages: $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# 1. Python environment
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: Python >= 3.11 needed" >&2; exit 1; }
+[ -x .venv/bin/python ] || { say "creating .venv"; "$PY" -m venv .venv; }
+stamp=".venv/.sao-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  say "installing the project into .venv (torch 2.13.0 CPU, transformers, hydra, docker, swebench 5, ...)"
+  .venv/bin/pip install -q --upgrade pip
+  # torch first, pinned, so no dependency can pull a CUDA build on a CPU machine
+  .venv/bin/pip install -q 'torch==2.13.0'
+  .venv/bin/pip install -q -e '.[test]'
+  rm -f .venv/.sao-installed-*; touch "$stamp"
+fi
+
+# 2. Docker engine
+if ! docker info >/dev/null 2>&1; then
+  command -v dockerd >/dev/null || apt_install docker.io
+  if [ ! -S /var/run/docker.sock ] || ! docker info >/dev/null 2>&1; then
+    say "starting dockerd (no iptables, no bridge: sandboxes run with --network none)"
+    mkdir -p .cache
+    as_root sh -c "nohup dockerd --iptables=false --bridge=none > '$ROOT/.cache/dockerd.log' 2>&1 &"
+    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { echo "error: dockerd did not start; see .cache/dockerd.log" >&2; exit 1; }
+  fi
+fi
+
+# 3. Sandbox base image (debootstrap + docker import; cached by tag)
+if ! .venv/bin/python -c 'import sys; from sandbox.images import image_exists; sys.exit(not image_exists("sao-sandbox:bookworm"))'; then
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  say "building the sandbox base image (debootstrap, about a minute)"
+  .venv/bin/python -m sandbox.images
+fi
+
+# 4. Git repositories of the built-in tasks
+.venv/bin/python -m envs.builtin
