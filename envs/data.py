@@ -122,6 +122,8 @@ def row_to_task(row: dict[str, Any], source: str, index: int, base_dir: Path | N
         if key in _LIST_FIELDS:
             kwargs[key] = _as_list(value, where, key)
         elif key in _TASK_FIELDS:
+            if key == "version" and isinstance(value, (int, float)):
+                value = str(value)  # some exports store "3.0" as a number
             if value is not None and not isinstance(value, str):
                 raise DatasetError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
             if value is None and key in _DEFAULTS:

@@ -109,7 +109,7 @@ class DockerSandbox:
             _live[self.id] = self
         # init (docker-init) is pid 1; its only child at start is the keep-alive `sleep`
         out = self._container.exec_run(["ps", "-o", "pid=", "--ppid", "1"]).output.split()
-        self._keepalive_pid = int(out[0]) if out else -1
+        self._keepalive_pid = int(out[0]) if out and out[0].isdigit() else -1  # -1: image has no ps
 
     # -- commands ---------------------------------------------------------------------------
     def exec(
