@@ -145,3 +145,52 @@ def get_parser(family: str) -> Parser:
 def parse_tool_calls(text: str, family: str = "hermes") -> ParseResult:
     """Parse one assistant turn with the parser of `family` (see the module docstring)."""
     return get_parser(family)(text)
+
+
+# -- rendering: the model's own chat template, token in / token out ---------------------------
+class ChatRenderer:
+    """Renders with the tokenizer's own chat template (and tools), and gives the token ids of
+    what comes *after* a sampled assistant turn, so the history is never re-tokenised.
+
+    The ids of a tool observation are those of the text the template adds when the tool
+    messages (and the next generation prompt) follow the assistant turn: rendered once with
+    and once without them, the difference is tokenised on its own. That text starts at a
+    special token, so its tokens are the ones the whole conversation would have there.
+    """
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None, family: str = "hermes"):
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.parse = get_parser(family)
+        self.eos_text = tokenizer.eos_token or ""
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        rendered = self.render(probe)
+        # what the template writes after the assistant's end-of-turn token ("\n" for ChatML)
+        self.after_eos = rendered[rendered.rindex(self.eos_text) + len(self.eos_text):] if self.eos_text else ""
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The first prompt: system and user turns, then the assistant's generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def observation_ids(self, history: list[dict], observations: list[dict], sampled_eos: bool) -> list[int]:
+        """Ids of `observations` (tool / user messages) after the last assistant turn of
+        `history`, up to the next generation prompt. `sampled_eos`: the turn's last sampled
+        token was the end-of-turn token (else it is added here, masked, as a cut turn)."""
+        before = self.render(history)
+        after = self.render(history + observations, add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
+        suffix = after[len(before):]
+        head = self.after_eos if sampled_eos else self.eos_text + self.after_eos
+        return self.encode(head + suffix)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -1,0 +1,140 @@
+"""The agent loop: render, generate, parse, execute, append the tool output as masked tokens.
+
+Token in, token out: the ids the engine sampled are kept exactly, with its logprob of each
+and the policy version that sampled them; a tool's observation is appended as the chat
+template's own tokens with loss mask 0; the history is never re-tokenised. How a rollout ends
+is one of `EXIT_REASONS`; control flow at those edges is a few exceptions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.chat import ChatRenderer
+from agent.engines.base import Engine, SamplingParams
+from agent.tools import ToolBox
+from agent.trajectory import Trajectory
+from envs.base import Env, Task
+from sandbox.base import Sandbox, SandboxError
+
+PROMPTS = Path(__file__).parent / "prompts"
+
+
+@dataclass
+class AgentConfig:
+    max_turns: int = 30
+    max_tokens: int = 16384  # the whole context: prompt, samples and observations
+    max_new_tokens: int = 1024  # one assistant turn
+    command_timeout_s: float = 60.0
+    wall_time_s: float = 1800.0
+    max_format_errors: int = 3  # consecutive
+    max_observation_bytes: int = 16_000
+    temperature: float = 1.0
+    top_p: float = 1.0
+    family: str = "hermes"
+    system_prompt: str = field(default_factory=lambda: (PROMPTS / "system.txt").read_text())
+    format_error_prompt: str = field(default_factory=lambda: (PROMPTS / "format_error.txt").read_text())
+
+
+class RolloutExit(Exception):
+    """The rollout is over; `reason` is one of trajectory.EXIT_REASONS."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class Agent:
+    def __init__(self, engine: Engine, tokenizer, config: AgentConfig = AgentConfig()):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    def run(self, task: Task, env: Env, sandbox: Sandbox, seed: int | None = None) -> Trajectory:
+        """One rollout of `task` in `sandbox` (already created; the caller closes it)."""
+        cfg = self.config
+        start = time.monotonic()
+        timings = {"generate": 0.0, "tools": 0.0}
+        tools = ToolBox(sandbox, default_timeout_s=cfg.command_timeout_s,
+                        max_output_bytes=cfg.max_observation_bytes)
+        chat = ChatRenderer(self.tokenizer, tools.definitions, cfg.family)
+        messages = [{"role": "system", "content": cfg.system_prompt}]
+        try:
+            messages.append({"role": "user", "content": env.reset(task, sandbox)})
+        except SandboxError as e:
+            traj = Trajectory(task.instance_id, prompt_ids=[], messages=messages, exit_reason="sandbox_error")
+            traj.info["error"] = str(e)
+            return traj
+        traj = Trajectory(task.instance_id, prompt_ids=chat.prompt_ids(messages), messages=messages)
+        format_errors = 0
+        try:
+            for turn in range(cfg.max_turns):
+                if time.monotonic() - start > cfg.wall_time_s:
+                    raise RolloutExit("timeout", f"wall time {cfg.wall_time_s:g}s")
+                budget = cfg.max_tokens - traj.num_tokens
+                if budget <= 0:
+                    raise RolloutExit("context_full")
+                version = self.engine.version
+                t0 = time.monotonic()
+                sampling = SamplingParams(min(cfg.max_new_tokens, budget), cfg.temperature, cfg.top_p,
+                                          (self.eos_id,), None if seed is None else seed + turn)
+                completion = self.engine.generate(traj.prompt_ids + traj.completion_ids, sampling)
+                timings["generate"] += time.monotonic() - t0
+                traj.append_sampled(completion.token_ids, completion.logprobs, version)
+                traj.turns = turn + 1
+                ended = bool(completion.token_ids) and completion.token_ids[-1] == self.eos_id
+                text = chat.decode(completion.token_ids[:-1] if ended else completion.token_ids)
+                parsed = chat.parse(text)
+                messages.append({"role": "assistant", "content": parsed.content, "raw": text, "tool_calls": [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.calls
+                ]})
+                if not ended and traj.num_tokens >= cfg.max_tokens:
+                    raise RolloutExit("context_full")
+                observations, submitted = self._act(parsed, tools, timings)
+                if parsed.error or not parsed.calls:
+                    format_errors += 1
+                    if format_errors >= cfg.max_format_errors:
+                        raise RolloutExit("format_errors", parsed.error or "no tool call")
+                else:
+                    format_errors = 0
+                if submitted:
+                    raise RolloutExit("submitted")
+                history = [_template_view(m) for m in messages]
+                traj.append_observation(chat.observation_ids(history, observations, ended))
+                messages.extend(observations)
+            raise RolloutExit("max_turns")
+        except RolloutExit as e:
+            traj.exit_reason = e.reason
+            if e.detail:
+                traj.info["exit_detail"] = e.detail
+        except SandboxError as e:
+            traj.exit_reason = "sandbox_error"
+            traj.info["error"] = str(e)
+        timings["total"] = time.monotonic() - start
+        traj.timings = timings
+        return traj
+
+    def _act(self, parsed, tools: ToolBox, timings: dict) -> tuple[list[dict], bool]:
+        """Run the turn's calls; returns the tool messages and whether `submit` was called."""
+        if parsed.error or not parsed.calls:
+            error = parsed.error or "the reply had no tool call"
+            return [{"role": "tool", "name": "error", "content": self.config.format_error_prompt.format(error=error)}], False
+        out = []
+        t0 = time.monotonic()
+        for call in parsed.calls:
+            result = tools.run(call.name, call.arguments)
+            out.append({"role": "tool", "name": call.name, "content": result.output})
+            if result.submitted:
+                timings["tools"] += time.monotonic() - t0
+                return out, True
+        timings["tools"] += time.monotonic() - t0
+        return out, False
+
+
+def _template_view(message: dict) -> dict:
+    """A message as the chat template reads it (without the human-only `raw` field)."""
+    return {k: v for k, v in message.items() if k != "raw"}

@@ -1,0 +1,108 @@
+"""The agent loop, token in / token out, on a real sandbox and the real tiny tokenizer."""
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from agent.engines.base import Completion
+from agent.loop import Agent, AgentConfig
+from agent.tiny_model import build_tiny_model
+from envs.swe import SWEEnv
+
+pytestmark = pytest.mark.docker
+
+
+def call(name, **arguments):
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+class ScriptedEngine:
+    """Replays fixed assistant turns as token ids (a unit-test stand-in for a model)."""
+
+    def __init__(self, tokenizer, turns, logprob=-0.25):
+        self.tok, self.turns, self.logprob, self.version, self.prompts = tokenizer, list(turns), logprob, 3, []
+
+    def generate(self, prompt_ids, sampling):
+        self.prompts.append(list(prompt_ids))
+        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False)
+        ids.append(self.tok.convert_tokens_to_ids(self.tok.eos_token))
+        cut = ids[: sampling.max_new_tokens]  # an engine stops at its token budget
+        return Completion(cut, [self.logprob] * len(cut), "stop" if cut == ids else "length")
+
+    def update_weights(self, named_tensors, version):
+        self.version = version
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
+
+
+SOLVE = [
+    "Let me run the tests first.\n" + call("bash", command="python3 -m pytest -q test_calc.py"),
+    call("str_replace_editor", command="view", path="/testbed/calc.py", view_range=[5, 11]),
+    "The upper bound check is inverted.\n" + call("str_replace_editor", command="str_replace",
+                                                   path="/testbed/calc.py", old_str="if x < hi:", new_str="if x > hi:"),
+    call("submit"),
+]
+
+
+def test_scripted_engine_solves_a_task_token_in_token_out(make_sandbox, calc_task, tokenizer):
+    env = SWEEnv()
+    sb = make_sandbox()
+    engine = ScriptedEngine(tokenizer, SOLVE)
+    traj = Agent(engine, tokenizer).run(calc_task, env, sb)
+    assert traj.exit_reason == "submitted" and traj.turns == 4
+    traj.reward = env.grade(calc_task, sb).reward
+    assert traj.reward == 1.0
+    traj.check()
+    # the mask covers exactly the sampled tokens, which are kept as sampled, with their logprobs
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    sampled = [t for t, m in zip(traj.completion_ids, traj.loss_mask) if m]
+    expected = [i for turn in SOLVE for i in tokenizer.encode(turn, add_special_tokens=False) + [eos]]
+    assert sampled == expected
+    assert all(lp == -0.25 for lp, m in zip(traj.logprobs, traj.loss_mask) if m)
+    assert all(v == 3 for v, m in zip(traj.policy_version, traj.loss_mask) if m)
+    assert all(lp == 0.0 and v == -1 for lp, v, m in zip(traj.logprobs, traj.policy_version, traj.loss_mask) if not m)
+    # each generate call saw exactly the ids kept so far: nothing was re-tokenised
+    for prompt in engine.prompts:
+        assert prompt == (traj.prompt_ids + traj.completion_ids)[: len(prompt)]
+    # the kept ids decode to the conversation as the chat template renders it
+    template_msgs = [{k: v for k, v in m.items() if k != "raw"} for m in traj.messages]
+    rendered = tokenizer.apply_chat_template(template_msgs, tools=engine_tools(), tokenize=False)
+    decoded = tokenizer.decode(traj.prompt_ids + traj.completion_ids, skip_special_tokens=False)
+    assert rendered.startswith(decoded) and rendered[len(decoded):] == "\n"
+    tool_outputs = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert "passed" in tool_outputs[0] or "failed" in tool_outputs[0]
+    assert "if x < hi:" in tool_outputs[1]
+
+
+def engine_tools():
+    from agent.tools import load_definitions
+
+    return load_definitions(default_timeout_s=60.0, max_timeout_s=600.0)
+
+
+def test_format_errors_end_the_rollout(make_sandbox, calc_task, tokenizer):
+    bad = ["no call here", '<tool_call>{"name": "bash", "arguments": [1]}</tool_call>', "<tool_call>{oops"]
+    traj = Agent(ScriptedEngine(tokenizer, bad), tokenizer, AgentConfig(max_format_errors=3)).run(
+        calc_task, SWEEnv(), make_sandbox())
+    assert traj.exit_reason == "format_errors" and traj.turns == 3
+    errors = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert len(errors) == 2 and all("could not be run" in e for e in errors)
+
+
+def test_turn_and_context_limits(make_sandbox, calc_task, tokenizer):
+    looping = [call("bash", command="echo hi")] * 5
+    traj = Agent(ScriptedEngine(tokenizer, looping), tokenizer, AgentConfig(max_turns=2)).run(
+        calc_task, SWEEnv(), make_sandbox())
+    assert traj.exit_reason == "max_turns" and traj.turns == 2
+    traj = Agent(ScriptedEngine(tokenizer, looping), tokenizer, AgentConfig(max_tokens=10)).run(
+        calc_task, SWEEnv(), make_sandbox())
+    assert traj.exit_reason == "context_full" and traj.turns == 0
+    # a budget that runs out in the middle of the second turn
+    budget = len(traj.prompt_ids) + 60
+    traj = Agent(ScriptedEngine(tokenizer, looping), tokenizer, AgentConfig(max_tokens=budget)).run(
+        calc_task, SWEEnv(), make_sandbox())
+    assert traj.exit_reason == "context_full" and traj.turns == 2 and traj.num_tokens == budget
