@@ -3,6 +3,7 @@ the file untouched), the problem statement, and a real end-to-end run on a tiny 
 
 import difflib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,8 @@ def test_drop_statement_removes_whole_lines_only():
     dropped = {SRC[m.start : m.end] for m in mutations("m.py", SRC) if m.kind == "drop_statement"}
     assert '    """Doc string."""\n' not in dropped  # docstrings, imports and defs are never dropped
     assert not any("import" in d or "def " in d for d in dropped)
+    last = {SRC[m.start : m.end] for m in mutations("m.py", SRC) if m.kind == "drop_statement"}
+    assert not any(d.lstrip().startswith("return total") for d in last)  # a def's final return stays
     shared = "def g():\n    a = 1; b = 2\n    return a\n"  # a statement sharing its line stays
     assert not any("a = 1" in shared[m.start : m.end] for m in mutations("m.py", shared) if m.kind == "drop_statement")
 
@@ -188,7 +191,8 @@ def test_generator_end_to_end(tmp_path, docker_client, make_sandbox):
     env = SWEEnv()
     for task in tasks:
         assert task.FAIL_TO_PASS and task.PASS_TO_PASS and task.instance_id.startswith("calc__smith-")
-        assert "calc.py" not in task.problem_statement and task.patch.startswith("diff --git a/calc.py b/calc.py")
+        assert not re.search(r"(?<!test_)calc\.py", task.problem_statement)  # the buggy file is never named
+        assert task.patch.startswith("diff --git a/calc.py b/calc.py")
         assert git(repo, "rev-parse", f"refs/tasks/{task.instance_id}").strip() == task.base_commit
         sb = make_sandbox()
         env.reset(task, sb)
