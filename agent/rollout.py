@@ -1,0 +1,82 @@
+"""Run one rollout of the agent on one task in a real sandbox, grade it, save the trajectory.
+
+    python -m agent.rollout --dataset FILE|builtin --instance-id ID [--model PATH]
+        [--engine hf|vllm] --output DIR [--max-turns N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from agent.engines import make_engine
+from agent.loop import Agent, AgentConfig
+from agent.tiny_model import DEFAULT_DIR, build_tiny_model
+from agent.trajectory import Trajectory
+from envs.base import Env, Task, make_env
+from envs.data import DatasetError, load_tasks
+from sandbox.base import SandboxError
+from sandbox.pool import SandboxPool
+
+console = Console(stderr=True)
+
+
+def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, seed: int | None = None) -> Trajectory:
+    """One rollout in a fresh sandbox, graded on its workspace; the sandbox is always removed."""
+    with pool.sandbox(env.image_for(task)) as sb:
+        traj = agent.run(task, env, sb, seed=seed)
+        if traj.exit_reason != "sandbox_error":
+            t0 = time.monotonic()
+            result = env.grade(task, sb)
+            traj.timings["grade"] = time.monotonic() - t0
+            traj.reward = result.reward
+            traj.info["grade"] = {k: v for k, v in asdict(result).items() if k != "log"}
+    return traj
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="builtin")
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--model", default=None, help="HF checkpoint directory or hub name (default: the tiny model)")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--max-turns", type=int, default=AgentConfig.max_turns)
+    p.add_argument("--max-tokens", type=int, default=AgentConfig.max_tokens)
+    p.add_argument("--max-new-tokens", type=int, default=AgentConfig.max_new_tokens, help="per assistant turn")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-id", default=None)
+    args = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    model = args.model or str(build_tiny_model(DEFAULT_DIR))
+    try:
+        task = load_tasks(args.dataset, instance_ids=[args.instance_id])[0]
+        pool = SandboxPool(args.run_id or f"rollout-{uuid.uuid4().hex[:8]}", max_live=1)
+    except (DatasetError, SandboxError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        return 2
+    engine = make_engine(args.engine, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    config = AgentConfig(max_turns=args.max_turns, max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature)
+    traj = rollout_and_grade(Agent(engine, tokenizer, config), task, make_env("swe"), pool, seed=args.seed)
+    traj.info.update(model=model, engine=args.engine)
+    path = traj.save(args.output)
+    console.print(
+        f"{task.instance_id}: exit {traj.exit_reason}, {traj.turns} turns, {traj.num_tokens} tokens "
+        f"({traj.num_sampled} sampled), reward {traj.reward:g} -> {path}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
