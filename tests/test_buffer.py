@@ -1,0 +1,100 @@
+"""The rollout stream: order, batching by count and tokens, staleness policy, backpressure."""
+
+import asyncio
+
+import pytest
+
+from agent.trajectory import Trajectory
+from training.buffer import RolloutStream, staleness
+
+
+def traj(name, version, n_tokens=10):
+    t = Trajectory(name, prompt_ids=[1] * (n_tokens - 4))
+    t.append_sampled([2, 3], [-0.1, -0.2], version)
+    t.append_observation([4])
+    t.append_sampled([5], [-0.3], version + 1)
+    return t
+
+
+def test_staleness_counts_from_the_oldest_sampled_token():
+    assert staleness(traj("a", 3), current_version=6) == 3
+
+
+def test_take_by_count_and_by_token_budget():
+    async def main():
+        s = RolloutStream(max_in_flight=10)
+        for i in range(5):
+            await s.reserve()
+            await s.push(traj(f"t{i}", 0, n_tokens=10 + i))
+        first = await s.take(current_version=0, count=2)
+        # budget 24: t2 (12 tokens) fits, t2 + t3 (13) = 25 would pass it, so t3 waits
+        second = await s.take(current_version=0, token_budget=24)
+        return [t.instance_id for t in first], [t.instance_id for t in second], s
+
+    first, second, s = asyncio.run(main())
+    assert first == ["t0", "t1"] and second == ["t2"] and s.depth == 2
+    assert s.counts["taken"] == 3 and s.staleness_hist[0] == 3
+
+
+@pytest.mark.parametrize("policy,kept", [("drop", ["fresh"]), ("keep", ["old", "fresh"])])
+def test_stale_rollouts_are_dropped_or_kept_and_counted(policy, kept):
+    async def main():
+        s = RolloutStream(max_staleness=2, stale_policy=policy)
+        for name, v in (("old", 0), ("fresh", 4)):
+            await s.reserve()
+            await s.push(traj(name, v))
+        batch = await s.take(current_version=5, count=len(kept))
+        return [t.instance_id for t in batch], s
+
+    names, s = asyncio.run(main())
+    assert names == kept
+    assert s.counts["dropped_stale" if policy == "drop" else "kept_stale"] == 1
+
+
+def test_backpressure_blocks_until_the_learner_takes():
+    async def main():
+        s = RolloutStream(max_in_flight=2)
+        await s.reserve()
+        await s.reserve()
+        third = asyncio.create_task(s.reserve())
+        await asyncio.sleep(0.05)
+        blocked = not third.done()
+        await s.push(traj("a", 0))
+        await s.take(current_version=0, count=1)
+        await asyncio.wait_for(third, 1.0)
+        return blocked
+
+    assert asyncio.run(main())
+
+
+def test_take_waits_for_rollouts_to_arrive():
+    async def main():
+        s = RolloutStream()
+        taker = asyncio.create_task(s.take(current_version=0, count=2))
+        await s.reserve()
+        await s.push(traj("a", 0))
+        await asyncio.sleep(0.05)
+        waiting = not taker.done()
+        await s.reserve()
+        await s.push(traj("b", 0))
+        return waiting, [t.instance_id for t in await taker]
+
+    waiting, names = asyncio.run(main())
+    assert waiting and names == ["a", "b"]
+
+
+def test_state_round_trip_keeps_queued_rollouts():
+    async def main():
+        s = RolloutStream()
+        for name in ("a", "b", "c"):
+            await s.reserve()
+            await s.push(traj(name, 0))
+        await s.take(current_version=1, count=1)
+        restored = RolloutStream()
+        restored.load_state_dict(s.state_dict())
+        batch = await restored.take(current_version=1, count=2)
+        return restored, [t.instance_id for t in batch]
+
+    restored, names = asyncio.run(main())
+    assert names == ["b", "c"] and restored.consumed_ids == {"a", "b", "c"}
+    assert restored.counts["pushed"] == 3 and restored.staleness_hist[1] == 3

@@ -1,0 +1,132 @@
+"""The stream: rollouts enter as they finish; the learner takes a batch by count or token budget.
+
+Each token carries the policy version that sampled it, so a rollout's staleness is the
+learner's current version minus the oldest version among its sampled tokens. A staleness
+bound with a policy (`drop` or `keep`, both counted) decides what is too old. Backpressure:
+at most `max_in_flight` rollouts are started and not yet taken by the learner.
+
+Everything here runs on one asyncio event loop (rollout workers push from it; the learner
+awaits `take`), so no locks are needed beyond asyncio's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from dataclasses import asdict
+from typing import Any
+
+from agent.trajectory import Trajectory
+
+
+def staleness(traj: Trajectory, current_version: int) -> int:
+    """Versions between the learner now and the oldest policy that sampled a token of `traj`."""
+    versions = [v for v, m in zip(traj.policy_version, traj.loss_mask) if m]
+    return current_version - min(versions) if versions else 0
+
+
+class RolloutStream:
+    def __init__(self, max_staleness: int = 4, stale_policy: str = "drop", max_in_flight: int = 8):
+        if stale_policy not in ("drop", "keep"):
+            raise ValueError(f"stale_policy must be 'drop' or 'keep', got {stale_policy!r}")
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
+        self.max_in_flight = max_in_flight
+        self._queue: deque[Trajectory] = deque()
+        self._changed = asyncio.Condition()
+        self._in_flight = 0  # started, not yet taken (running or queued)
+        self.counts = Counter()  # pushed, taken, dropped_stale, kept_stale, started
+        self.staleness_hist: Counter = Counter()  # of taken rollouts
+        self.consumed_ids: set[str] = set()  # rollout keys the learner has trained on
+
+    # -- rollout workers --------------------------------------------------------------------
+    async def reserve(self) -> None:
+        """Wait for room to start one more rollout (backpressure)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._in_flight < self.max_in_flight)
+            self._in_flight += 1
+            self.counts["started"] += 1
+
+    async def release(self) -> None:
+        """A reserved rollout ended without producing a trajectory."""
+        async with self._changed:
+            self._in_flight -= 1
+            self._changed.notify_all()
+
+    async def push(self, traj: Trajectory) -> None:
+        """A finished rollout enters the stream at once."""
+        async with self._changed:
+            self._queue.append(traj)
+            self.counts["pushed"] += 1
+            self._changed.notify_all()
+
+    # -- learner ----------------------------------------------------------------------------
+    async def take(self, current_version: int, count: int | None = None, token_budget: int | None = None) -> list[Trajectory]:
+        """The next batch, oldest first: `count` rollouts, or as many as fit `token_budget`
+        (at least one). Waits until enough rollouts have arrived. Too-stale ones are dropped
+        or kept according to the policy, and counted either way."""
+        assert count or token_budget, "take needs a count or a token budget"
+        batch: list[Trajectory] = []
+        tokens = 0
+        async with self._changed:
+            while True:
+                await self._changed.wait_for(lambda: bool(self._queue))
+                while self._queue:
+                    traj = self._queue[0]
+                    if batch and token_budget and tokens + traj.num_tokens > token_budget:
+                        return self._taken(batch, current_version)
+                    self._queue.popleft()
+                    self._in_flight -= 1
+                    s = staleness(traj, current_version)
+                    if s > self.max_staleness:
+                        if self.stale_policy == "drop":
+                            self.counts["dropped_stale"] += 1
+                            self._changed.notify_all()
+                            continue
+                        self.counts["kept_stale"] += 1
+                    batch.append(traj)
+                    tokens += traj.num_tokens
+                    if (count and len(batch) >= count) or (token_budget and tokens >= token_budget):
+                        return self._taken(batch, current_version)
+                self._changed.notify_all()  # dropped rollouts freed room for workers
+
+    def _taken(self, batch: list[Trajectory], current_version: int) -> list[Trajectory]:
+        for traj in batch:
+            self.staleness_hist[staleness(traj, current_version)] += 1
+            self.counts["taken"] += 1
+            self.consumed_ids.add(traj.info.get("rollout_key", traj.instance_id))
+        self._changed.notify_all()
+        return batch
+
+    # -- metrics and checkpoints ----------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def metrics(self, batch: list[Trajectory], current_version: int) -> dict[str, float]:
+        values = [staleness(t, current_version) for t in batch]
+        return {
+            "staleness/mean": sum(values) / len(values) if values else 0.0,
+            "staleness/max": float(max(values, default=0)),
+            "stream/queue_depth": float(self.depth),
+            "stream/in_flight": float(self._in_flight),
+            "stream/dropped_stale": float(self.counts["dropped_stale"]),
+            "stream/kept_stale": float(self.counts["kept_stale"]),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: counters, the histogram, consumed keys, and queued rollouts
+        (finished but not yet trained on, so a resumed run loses none)."""
+        return {
+            "counts": dict(self.counts),
+            "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()},
+            "consumed_ids": sorted(self.consumed_ids),
+            "queue": [asdict(t) for t in self._queue],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counts = Counter(state["counts"])
+        self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
+        self.consumed_ids = set(state["consumed_ids"])
+        self._queue = deque(Trajectory(**t) for t in state["queue"])
+        self._in_flight = len(self._queue)
