@@ -139,7 +139,8 @@ def open_workspace(repo: Path, run_id: str) -> DockerSandbox:
 
 # -- the problem statement ---------------------------------------------------------------------
 _SECTION = re.compile(r"^_{3,} (.+?) _{3,}$")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# an object address, whole (" at 0x7f3a...") or cut short by pytest's repr ("....x7f3a...")
+_ADDRESS = re.compile(r"(?<![0-9A-Za-z])0?x[0-9a-fA-F]{6,}\b")
 _FRAME = re.compile(r"^(\S+\.py):\d+: in \S+")
 
 
@@ -178,7 +179,7 @@ def describe_failure(lines: list[str], hidden: str, max_lines: int = 14) -> list
         elif line.startswith("E ") or (in_test_frame and line.startswith("    ")):
             keep.append(line)
     # object addresses change from run to run; the statement should not
-    keep = [_ADDRESS.sub(" at 0x...", ln[:240]) for ln in keep if hidden not in ln and ln.strip()]
+    keep = [_ADDRESS.sub("0x...", ln[:240]) for ln in keep if hidden not in ln and ln.strip()]
     return keep[:max_lines] + (["    ..."] if len(keep) > max_lines else [])
 
 
