@@ -1,0 +1,215 @@
+"""Policy and value losses, and advantage estimators: pure functions of tensors.
+
+Every per-token tensor is laid out by position, as in `training.batch`: `loss_mask[b, t] = 1`
+exactly where the engine sampled the token predicted at position t. Losses are token-level
+means over the sampled tokens; `normalizer` lets a learner that splits a batch into
+micro-batches divide every micro-batch by the whole batch's sampled-token count, so that the
+accumulated gradient equals the full batch's token mean.
+
+Metrics come back as plain floats under namespaced keys (`sao/`, `ppo/`, `value/`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+Metrics = dict[str, float]
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over mask-True entries (0 for an empty mask); where() so inf off-mask is harmless."""
+    return torch.where(mask, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1)
+
+
+def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B] advantages broadcast over tokens; [B, T] passed through."""
+    return advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
+
+
+def _denominator(loss_mask: torch.Tensor, normalizer: float | None) -> torch.Tensor | float:
+    if normalizer is not None:
+        return max(float(normalizer), 1.0)
+    return loss_mask.float().sum().clamp(min=1.0)
+
+
+def sao_policy_loss(
+    logprobs: torch.Tensor,  # [B, T] learner's log pi_theta(target), requires grad
+    behaviour_logprobs: torch.Tensor,  # [B, T] the engine's logprob when it sampled the token
+    advantages: torch.Tensor,  # [B, T] (or [B], broadcast over tokens)
+    loss_mask: torch.Tensor,  # [B, T] 1 (or True) on sampled tokens
+    eps_low: float = 0.8,
+    eps_high: float = 3.0,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """SAO's policy loss: ratio against the sampler, strict two-sided token mask, no clamp.
+
+    r = exp(logprobs - behaviour_logprobs). A sampled token is kept only when
+    1 - eps_low < r < 1 + eps_high (strict: a ratio exactly on an edge is dropped); a dropped
+    token gets exactly zero gradient whatever the sign of its advantage. The loss is
+    -sum(keep * r * A) / N, so a kept token's gradient w.r.t. its logprob is -r * A / N.
+    N is the number of sampled tokens (loss_mask.sum(), or `normalizer`): dropped tokens count
+    in the denominator, so a batch with many dropped tokens takes a smaller step rather than
+    a re-weighted one. An all-zero mask gives loss 0 that still backpropagates (zeros).
+    """
+    sampled = loss_mask.bool()
+    logratio = logprobs - behaviour_logprobs
+    with torch.no_grad():
+        ratio_seen = logratio.exp()
+        low = sampled & (ratio_seen <= 1 - eps_low)
+        high = sampled & (ratio_seen >= 1 + eps_high)
+        keep = sampled & (ratio_seen > 1 - eps_low) & (ratio_seen < 1 + eps_high)
+    # Zero the log-ratio of dropped tokens before exp: keep * exp(x) would give 0 * inf = NaN
+    # (forward and backward) for a ratio that overflows; where() passes them exactly zero grad.
+    ratio = torch.where(keep, logratio, torch.zeros_like(logratio)).exp()
+    pg_loss = -(keep.to(ratio.dtype) * ratio * _per_token(advantages, ratio)).sum()
+    loss = pg_loss / _denominator(loss_mask, normalizer)
+    n = sampled.sum().clamp(min=1).item()
+    metrics = {
+        "sao/loss": loss.item(),
+        "sao/mask_frac_low": low.sum().item() / n,
+        "sao/mask_frac_high": high.sum().item() / n,
+        "sao/kept_frac": keep.sum().item() / n,
+        "sao/ratio_mean": _masked_mean(ratio_seen, sampled).item(),
+        "sao/logprob_mismatch": _masked_mean(logratio.detach().abs(), sampled).item(),
+    }
+    return loss, metrics
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,  # [B, T] learner's log pi_theta(target), requires grad
+    old_logprobs: torch.Tensor,  # [B, T] log pi_old(target), the policy before this update
+    advantages: torch.Tensor,  # [B, T] (or [B], broadcast over tokens)
+    loss_mask: torch.Tensor,  # [B, T] 1 (or True) on sampled tokens
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """The GRPO/PPO baseline: -min(r * A, clamp(r, 1 - eps_low, 1 + eps_high) * A), a token
+    mean over sampled tokens (N as in `sao_policy_loss`); eps_high > eps_low is DAPO's
+    clip-higher. `ppo/clipfrac` is cleanrl's: the fraction of sampled tokens whose ratio lies
+    outside the clip range (whether or not the clip binds for that advantage's sign).
+    """
+    sampled = loss_mask.bool()
+    logratio = torch.where(sampled, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = logratio.exp()
+    adv = _per_token(advantages, ratio)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    pg_loss = torch.where(sampled, torch.max(pg_loss1, pg_loss2), torch.zeros_like(ratio)).sum()
+    loss = pg_loss / _denominator(loss_mask, normalizer)
+    with torch.no_grad():
+        clipped = (ratio < 1 - eps_low) | (ratio > 1 + eps_high)
+        approx_kl = (ratio - 1) - logratio  # cleanrl's low-variance k3 estimator
+        metrics = {
+            "ppo/loss": loss.item(),
+            "ppo/clipfrac": _masked_mean(clipped.float(), sampled).item(),
+            "ppo/ratio_mean": _masked_mean(ratio, sampled).item(),
+            "ppo/approx_kl": _masked_mean(approx_kl, sampled).item(),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: torch.Tensor,  # [B, T] critic's per-token values, requires grad
+    returns: torch.Tensor,  # [B, T] targets (detached)
+    loss_mask: torch.Tensor,  # [B, T] 1 (or True) on sampled tokens
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Plain MSE (no 1/2, no value clipping), a token mean over sampled tokens.
+
+    `value/explained_var` = 1 - Var(returns - values) / Var(returns) over sampled tokens
+    (population variances); it is reported as 0.0 when Var(returns) is 0 (constant targets,
+    or no sampled tokens), where the ratio is undefined.
+    """
+    sampled = loss_mask.bool()
+    sq_err = (values - returns.detach()) ** 2
+    loss = torch.where(sampled, sq_err, torch.zeros_like(sq_err)).sum() / _denominator(loss_mask, normalizer)
+    with torch.no_grad():
+        y_pred, y_true = values[sampled].double(), returns[sampled].double()
+        var_y = y_true.var(unbiased=False) if y_true.numel() else torch.tensor(0.0)
+        explained = 0.0 if var_y == 0 else (1 - (y_true - y_pred).var(unbiased=False) / var_y).item()
+        metrics = {
+            "value/loss": loss.item(),
+            "value/explained_var": explained,
+            "value/mean": _masked_mean(values, sampled).item(),
+        }
+    return loss, metrics
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,  # [P, G] one row per prompt, G rollouts each
+    eps: float = 1e-6,
+    scale: bool = True,
+) -> torch.Tensor:  # [P, G]
+    """Group-normalised advantages: (r - mean_g) / (std_g + eps), population std
+    (unbiased=False); `scale=False` keeps only the mean subtraction (Dr. GRPO). A group of
+    equal rewards gets advantage 0 everywhere."""
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    if not scale:
+        return centred
+    return centred / (rewards.std(dim=-1, unbiased=False, keepdim=True) + eps)
+
+
+def running_mean_advantages(
+    rewards: torch.Tensor,  # [B] this batch's rewards
+    history: torch.Tensor,  # [W] the last W rewards seen before this batch (may be empty)
+) -> torch.Tensor:  # [B]
+    """The running-mean baseline: A = r - mean(history); an empty history gives baseline 0."""
+    baseline = history.float().mean() if history.numel() else 0.0
+    return rewards - baseline
+
+
+def broadcast_to_tokens(
+    adv: torch.Tensor,  # [B] one advantage per trajectory
+    loss_mask: torch.Tensor,  # [B, T]
+) -> torch.Tensor:  # [B, T] adv on sampled tokens, 0 elsewhere
+    """A per-trajectory advantage placed on each of its sampled tokens."""
+    return adv.unsqueeze(-1) * loss_mask.to(adv.dtype)
+
+
+def adaptive_lambda(loss_mask: torch.Tensor) -> torch.Tensor:  # loss_mask [B, T] -> [B]
+    """SAO's length-adaptive policy lambda: 1 - 1 / (1.5 * l), l = the row's sampled tokens
+    (a row with none is treated as l = 1; it has no advantages to weight anyway)."""
+    length = loss_mask.float().sum(dim=-1).clamp(min=1.0)
+    return 1 - 1 / (1.5 * length)
+
+
+def skip_observation_gae(
+    rewards: torch.Tensor,  # [B] terminal reward of each trajectory
+    values: torch.Tensor,  # [B, T] critic's per-token values
+    loss_mask: torch.Tensor,  # [B, T] 1 on sampled (action) tokens, 0 on prompt/tool output/pad
+    gamma: float = 1.0,
+    lam: float | torch.Tensor | None = None,  # float, [B], or None for adaptive_lambda
+) -> tuple[torch.Tensor, torch.Tensor]:  # advantages [B, T], returns [B, T]
+    """GAE over sampled tokens only, skipping observations.
+
+    The recursion runs over mask-1 tokens: the next state of the last token of one assistant
+    turn is the first token of the next turn (tool output in between is skipped, undiscounted).
+    The reward is paid at the last sampled token of each row, whose next value is 0 (terminal):
+        delta_t = r_t + gamma * V(next sampled token) - V(t)
+        A_t     = delta_t + gamma * lam * A(next sampled token)
+    returns = A + V on sampled tokens. Both outputs are 0 off-mask and carry no gradient. With
+    lam = 1 the returns are Monte-Carlo targets (gamma = 1: the reward at every sampled token).
+    """
+    values = values.detach().float()
+    sampled = loss_mask.bool()
+    B, T = values.shape
+    if lam is None:
+        lam = adaptive_lambda(loss_mask)
+    lam = torch.as_tensor(lam, dtype=values.dtype, device=values.device).expand(B)
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(B)  # V(next sampled token); 0 past the end (terminal)
+    next_adv = values.new_zeros(B)  # A(next sampled token)
+    seen = torch.zeros(B, dtype=torch.bool, device=values.device)  # a later sampled token exists in this row
+    for t in reversed(range(T)):
+        is_action = sampled[:, t]
+        reward_t = torch.where(is_action & ~seen, rewards.float(), 0.0)  # paid at the last action
+        delta = reward_t + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(is_action, adv_t, 0.0)
+        # observation tokens leave the carried state untouched: that is the skip
+        next_value = torch.where(is_action, values[:, t], next_value)
+        next_adv = torch.where(is_action, adv_t, next_adv)
+        seen = seen | is_action
+    returns = torch.where(sampled, advantages + values, 0.0)
+    return advantages, returns
