@@ -163,14 +163,16 @@ class DockerSandbox:
         return ExecResult(exit_code, output, timed_out, truncated, oom, duration)
 
     def _kill_group(self, pgid_file: str) -> None:
-        # kill again until the group is empty: children forked mid-kill escape one round
+        # Kill again until the group is empty: children forked mid-kill escape one round. Only
+        # shell builtins until the group is gone, since a fork bomb leaves no pid to fork with.
         script = (
-            f"g=$(cat {pgid_file} 2>/dev/null) && while kill -9 -- -$g 2>/dev/null; do sleep 0.02; done; "
+            f"[ -e {pgid_file} ] || exit 0; read g < {pgid_file} || exit 1; "
+            "while kill -9 -$g 2>/dev/null; do :; done; "
             f"rm -f {pgid_file}; true"
         )
         for attempt in range(20):  # a fork bomb can hold every pid for a moment: retry
             try:
-                if self._container.exec_run(["sh", "-c", script]).exit_code == 0:
+                if self._container.exec_run(["bash", "-c", script]).exit_code == 0:
                     return
             except docker.errors.APIError:
                 pass
