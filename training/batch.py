@@ -80,17 +80,24 @@ def pack(trajectories: list[Trajectory], pad_id: int = 0, group_ids: list[int] |
     return Batch(input_ids, attention, targets, loss_mask, behaviour, version, rewards, groups)
 
 
-def micro_batches(batch: Batch, token_budget: int) -> Iterator[Batch]:
+def micro_batch_rows(batch: Batch, token_budget: int) -> list[list[int]]:
     """Consecutive rows grouped so that rows x padded length stays within `token_budget`
     (a single longer row still forms its own micro-batch)."""
     lengths = batch.attention_mask.sum(1).tolist()
+    groups: list[list[int]] = []
     rows: list[int] = []
     longest = 0
     for i, n in enumerate(lengths):
         if rows and max(longest, n) * (len(rows) + 1) > token_budget:
-            yield batch.select(rows)
+            groups.append(rows)
             rows, longest = [], 0
         rows.append(i)
         longest = max(longest, n)
     if rows:
+        groups.append(rows)
+    return groups
+
+
+def micro_batches(batch: Batch, token_budget: int) -> Iterator[Batch]:
+    for rows in micro_batch_rows(batch, token_budget):
         yield batch.select(rows)

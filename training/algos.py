@@ -1,0 +1,111 @@
+"""The two algorithms, each one small object chosen once when the config is built:
+how advantages are estimated and which policy loss is used. The learner only calls them.
+
+SAO (DESIGN.md, "The algorithm"): single rollout per prompt, ratio against the sampler's
+logprobs, strict two-sided token mask, a token-level critic with skip-observation GAE (or a
+running-mean baseline, the simple alternative). GRPO: G rollouts per prompt, group-normalised
+advantages, PPO clip against pi_old (the learner's weights at the start of the step).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from training import losses
+from training.batch import Batch
+
+
+@dataclass
+class SAO:
+    eps_low: float = 0.8  # coding / SWE defaults: keep tokens with 0.2 < r < 4.0
+    eps_high: float = 3.0
+    gamma: float = 1.0
+    policy_lambda: float | None = None  # None: length-adaptive 1 - 1/(1.5 l)
+    critic_lambda: float = 1.0  # Monte-Carlo value targets
+    baseline: str = "critic"  # or "running_mean"
+    baseline_window: int = 64
+    critic_steps: int = 2  # K critic updates per policy update
+    critic_warmup_steps: int = 10  # critic-only steps before the first policy update
+    freeze_critic_attention: bool = True
+    lr_policy: float = 1e-6
+    lr_critic: float = 5e-6
+    mask: bool = True  # ablation switch: False keeps every token (no band)
+    name: str = "sao"
+    group_size: int = 1
+    _history: deque = field(default_factory=deque, repr=False)
+
+    def __post_init__(self):
+        if self.baseline not in ("critic", "running_mean"):
+            raise ValueError(f"algo.baseline must be 'critic' or 'running_mean', got {self.baseline!r}")
+        self._history = deque(maxlen=self.baseline_window)
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.baseline == "critic"
+
+    def advantages(self, mb: Batch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(advantages [B, L], value targets [B, L] or None) for a whole batch."""
+        if not self.uses_critic:
+            history = torch.tensor(list(self._history), dtype=torch.float)
+            adv = losses.running_mean_advantages(mb.rewards, history)
+            return losses.broadcast_to_tokens(adv, mb.loss_mask), None
+        adv, _ = losses.skip_observation_gae(mb.rewards, values, mb.loss_mask, self.gamma, self.policy_lambda)
+        _, returns = losses.skip_observation_gae(mb.rewards, values, mb.loss_mask, self.gamma, self.critic_lambda)
+        return adv, returns
+
+    def observe_rewards(self, rewards: torch.Tensor) -> None:
+        """After a step: the running-mean baseline sees this batch's rewards."""
+        self._history.extend(rewards.tolist())
+
+    def policy_loss(self, logprobs, mb: Batch, advantages, old_logprobs, normalizer):
+        band = (self.eps_low, self.eps_high) if self.mask else (float("inf"), float("inf"))
+        return losses.sao_policy_loss(logprobs, mb.behaviour_logprobs, advantages, mb.loss_mask,
+                                      band[0], band[1], normalizer=normalizer)
+
+    def state_dict(self) -> dict:
+        return {"history": list(self._history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._history.extend(state.get("history", []))
+
+
+@dataclass
+class GRPO:
+    group_size: int = 8  # rollouts per prompt
+    eps_low: float = 0.2
+    eps_high: float = 0.28  # clip-higher (DAPO); eps_high = eps_low is plain PPO
+    lr_policy: float = 1e-6
+    mask: bool = False  # ablation: True drops out-of-band tokens as SAO does, on top of the clip
+    mask_eps_low: float = 0.8
+    mask_eps_high: float = 3.0
+    name: str = "grpo"
+    uses_critic: bool = False
+    critic_steps: int = 0
+    critic_warmup_steps: int = 0
+
+    def advantages(self, mb: Batch, values) -> tuple[torch.Tensor, None]:
+        # a whole batch: groups are contiguous runs of group_size rows (the orchestrator keeps them so)
+        rewards = mb.rewards.view(-1, self.group_size)
+        adv = losses.grpo_advantages(rewards).view(-1)
+        return losses.broadcast_to_tokens(adv, mb.loss_mask), None
+
+    def observe_rewards(self, rewards) -> None:
+        pass
+
+    def policy_loss(self, logprobs, mb: Batch, advantages, old_logprobs, normalizer):
+        mask = mb.loss_mask
+        if self.mask:  # the band against the sampler, as SAO's, then PPO's clip against pi_old
+            ratio = torch.exp((logprobs.detach() - mb.behaviour_logprobs).clamp(max=50.0))
+            inside = (ratio > 1 - self.mask_eps_low) & (ratio < 1 + self.mask_eps_high)
+            mask = mask * inside
+        return losses.ppo_clip_loss(logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high,
+                                    normalizer=normalizer)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

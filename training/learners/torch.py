@@ -1,0 +1,197 @@
+"""The torch learner: policy and token-level critic (same architecture, same checkpoint),
+AdamW, gradient clipping, token-budget micro-batches with accumulation, K critic steps per
+policy step, critic-only warm-up, chunked logprobs. One process (CPU or one GPU).
+
+A step, in order: pack the batch; one no-grad pass for values and pi_old logprobs; the
+algorithm's advantages over the whole batch; K critic updates; then (after warm-up) one
+policy update, which makes a new policy version.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+from agent.trajectory import Trajectory
+from training import losses
+from training.batch import Batch, micro_batch_rows, pack
+from training.logprobs import token_logprobs
+
+
+def _rows(t: torch.Tensor, rows: list[int], length: int) -> torch.Tensor:
+    return t[torch.tensor(rows)][:, :length]
+
+
+class TorchLearner:
+    def __init__(
+        self,
+        model_path: str,
+        algo,
+        value_checkpoint: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        micro_batch_tokens: int = 8192,
+        logprob_chunk: int = 1024,
+        sampling_temperature: float = 1.0,
+        seed: int = 0,
+    ):
+        torch.manual_seed(seed)
+        self.algo = algo
+        self.device = device
+        self.grad_clip = grad_clip
+        self.micro_batch_tokens = micro_batch_tokens
+        self.logprob_chunk = logprob_chunk
+        self.temperature = sampling_temperature
+        torch_dtype = getattr(torch, dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).train()
+        self.policy_opt = torch.optim.AdamW(self.policy.parameters(), lr=algo.lr_policy, weight_decay=weight_decay)
+        self.critic = self.critic_opt = None
+        if algo.uses_critic:
+            # a per-token scalar head on the policy's own architecture, from the same checkpoint
+            # (or from a value checkpoint: "value pretraining")
+            source = value_checkpoint or model_path
+            config = AutoConfig.from_pretrained(source, num_labels=1)
+            config.classifier_dropout = 0.0  # the head's default dropout (0.1) would make values noisy
+            self.critic = AutoModelForTokenClassification.from_pretrained(
+                source, config=config, dtype=torch_dtype).to(device).train()
+            if algo.freeze_critic_attention:
+                for name, p in self.critic.named_parameters():
+                    if "self_attn" in name:
+                        p.requires_grad_(False)
+            trainable = [p for p in self.critic.parameters() if p.requires_grad]
+            self.critic_opt = torch.optim.AdamW(trainable, lr=algo.lr_critic, weight_decay=weight_decay)
+        self.step_count = 0  # learner steps taken (critic-only warm-up steps included)
+        self.version = 0  # policy updates made: the version the engine samples with after a sync
+
+    # -- forward passes ---------------------------------------------------------------------
+    def _logprobs(self, mb: Batch) -> torch.Tensor:
+        """[B, L] log pi_theta(targets) at temperature, in chunks (no full fp32 logits)."""
+        hidden = self.policy.base_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+        weight = self.policy.get_output_embeddings().weight
+        return token_logprobs(hidden, weight, mb.targets, self.logprob_chunk, self.temperature)
+
+    def _values(self, mb: Batch) -> torch.Tensor:
+        return self.critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[..., 0].float()
+
+    def _to(self, mb: Batch) -> Batch:
+        return Batch(**{k: v.to(self.device) for k, v in vars(mb).items()})
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+        batch = self._to(pack(trajectories, self.pad_id, group_ids))
+        parts = micro_batch_rows(batch, self.micro_batch_tokens)
+        n_sampled = max(batch.num_sampled, 1)
+        B, L = batch.input_ids.shape
+        old_logp = torch.zeros(B, L, device=self.device)
+        values = torch.zeros(B, L, device=self.device) if self.critic is not None else None
+        with torch.no_grad():
+            for rows in parts:
+                mb = batch.select(rows)
+                n = mb.input_ids.shape[1]
+                old_logp[torch.tensor(rows), :n] = self._logprobs(mb)
+                if values is not None:
+                    values[torch.tensor(rows), :n] = self._values(mb)
+        advantages, returns = self.algo.advantages(batch, values)
+        metrics = {
+            "reward/mean": float(batch.rewards.mean()),
+            "tokens/sampled": float(batch.num_sampled),
+            "tokens/total": float(batch.num_tokens),
+            "advantage/mean": float((advantages * batch.loss_mask).sum() / n_sampled),
+            # learner vs engine on the same tokens, before this step's update
+            "sao/logprob_mismatch_pre": float(((old_logp - batch.behaviour_logprobs).abs() * batch.loss_mask).sum() / n_sampled),
+        }
+        if self.critic is not None:
+            # cleanrl's explained variance: the values that made the advantages, whole batch
+            metrics["value/explained_var"] = losses.value_loss(values, returns, batch.loss_mask)[1]["value/explained_var"]
+            for _ in range(self.algo.critic_steps):
+                update = self._critic_update(batch, parts, returns, n_sampled)
+                update.pop("value/explained_var")
+                metrics.update(update)
+        if self.step_count >= self.algo.critic_warmup_steps:
+            metrics.update(self._policy_update(batch, parts, advantages, old_logp, n_sampled))
+            self.version += 1
+        self.algo.observe_rewards(batch.rewards)
+        self.step_count += 1
+        metrics["learner/step"] = float(self.step_count)
+        metrics["learner/version"] = float(self.version)
+        return metrics
+
+    def _critic_update(self, batch, parts, returns, n_sampled) -> dict[str, float]:
+        self.critic_opt.zero_grad(set_to_none=True)
+        acc: dict[str, float] = defaultdict(float)
+        for rows in parts:
+            mb = batch.select(rows)
+            target = _rows(returns, rows, mb.input_ids.shape[1])
+            loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
+            loss.backward()
+            _accumulate(acc, m, mb.num_sampled / n_sampled)
+        acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
+        self.critic_opt.step()
+        return dict(acc)
+
+    def _policy_update(self, batch, parts, advantages, old_logp, n_sampled) -> dict[str, float]:
+        self.policy_opt.zero_grad(set_to_none=True)
+        acc: dict[str, float] = defaultdict(float)
+        for rows in parts:
+            mb = batch.select(rows)
+            n = mb.input_ids.shape[1]
+            loss, m = self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n),
+                                            _rows(old_logp, rows, n), n_sampled)
+            loss.backward()
+            _accumulate(acc, m, mb.num_sampled / n_sampled)
+        acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
+        self.policy_opt.step()
+        return dict(acc)
+
+    # -- weights out, checkpoints -----------------------------------------------------------------
+    def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's weights by HF name, the tied output head included (vLLM needs it)."""
+        return [(k, v.detach()) for k, v in self.policy.state_dict().items()]
+
+    def save(self, path: str | Path) -> None:
+        """HF-format `policy/` and `critic/` (loadable with from_pretrained) plus `learner.pt`."""
+        path = Path(path)
+        self.policy.save_pretrained(path / "policy")
+        self.tokenizer.save_pretrained(path / "policy")
+        state = {
+            "policy_opt": self.policy_opt.state_dict(), "step_count": self.step_count, "version": self.version,
+            "algo": self.algo.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }
+        if self.critic is not None:
+            self.critic.save_pretrained(path / "critic")
+            self.tokenizer.save_pretrained(path / "critic")
+            state["critic_opt"] = self.critic_opt.state_dict()
+        torch.save(state, path / "learner.pt")
+
+    def load(self, path: str | Path) -> None:
+        path = Path(path)
+        dtype = next(self.policy.parameters()).dtype
+        self.policy.load_state_dict(AutoModelForCausalLM.from_pretrained(path / "policy", dtype=dtype).state_dict())
+        state = torch.load(path / "learner.pt", weights_only=False)
+        self.policy_opt.load_state_dict(state["policy_opt"])
+        if self.critic is not None:
+            critic = AutoModelForTokenClassification.from_pretrained(path / "critic", dtype=dtype)
+            self.critic.load_state_dict(critic.state_dict())
+            self.critic_opt.load_state_dict(state["critic_opt"])
+        self.step_count, self.version = state["step_count"], state["version"]
+        self.algo.load_state_dict(state["algo"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+
+
+def _accumulate(acc: dict[str, float], metrics: dict[str, float], weight: float) -> None:
+    """Token-weighted mean of per-micro-batch metrics; losses, already divided by the whole
+    batch's token count, are summed."""
+    for k, v in metrics.items():
+        acc[k] += float(v) * (1.0 if k.endswith("/loss") else weight)
