@@ -3,6 +3,7 @@ returning each sampled token's logprob under the exact distribution it was drawn
 
 from __future__ import annotations
 
+import inspect
 from typing import Iterable
 
 import torch
@@ -35,6 +36,10 @@ class HFEngine:
         self.model.eval()
         self.device = device
         self.version = 0
+        # transformers renamed `past_key_values` to `cache` (5.2x); an unknown name is ignored
+        # silently, which would sample without the cache's context, so pick the one it has
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
@@ -49,7 +54,7 @@ class HFEngine:
         logprobs: list[float] = []
         finish = "length"
         for _ in range(sampling.max_new_tokens):
-            out = self.model(input_ids=input_ids, cache=cache, use_cache=True)
+            out = self.model(input_ids=input_ids, use_cache=True, **{self._cache_kwarg: cache})
             logp = processed_logprobs(out.logits[0, -1], sampling.temperature, sampling.top_p)
             if sampling.temperature <= 0:
                 token = int(logp.argmax())
