@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -45,13 +46,15 @@ def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[In
 
 def print_summary(report: dict[str, Any], tasks: list[Task], outcomes: list[InstanceOutcome], console: Console) -> None:
     """A per-repository table and the totals."""
-    repo_of = {t.instance_id: t.repo for t in tasks}
+    # a local repository shows as its folder name, a hub one as owner/name
+    repo_of = {t.instance_id: Path(t.repo).name if t.repo_path else t.repo for t in tasks}
     per_repo: dict[str, Counter] = defaultdict(Counter)
     for o in outcomes:
         per_repo[repo_of[o.instance_id]][o.status] += 1
     table = Table(title="SWE grading")
-    for col in ("repository", "instances", "resolved", "unresolved", "empty patch", "error", "resolved %"):
-        table.add_column(col, justify="left" if col == "repository" else "right")
+    table.add_column("repository", no_wrap=True)
+    for col in ("instances", "resolved", "unresolved", "empty", "error", "resolved %"):
+        table.add_column(col, justify="right", no_wrap=True)
     for repo in sorted(per_repo):
         c = per_repo[repo]
         n = sum(c.values())

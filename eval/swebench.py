@@ -25,7 +25,8 @@ from eval.report import print_summary, run_report
 from sandbox.base import Limits, SandboxError
 from sandbox.pool import SandboxPool
 
-console = Console(stderr=True)
+# a log file is not a terminal: rich would assume 80 columns and cut the table's headers
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -106,3 +106,10 @@ def test_turn_and_context_limits(make_sandbox, calc_task, tokenizer):
     traj = Agent(ScriptedEngine(tokenizer, looping), tokenizer, AgentConfig(max_tokens=budget)).run(
         calc_task, SWEEnv(), make_sandbox())
     assert traj.exit_reason == "context_full" and traj.turns == 2 and traj.num_tokens == budget
+
+
+def test_wall_time_limit(make_sandbox, calc_task, tokenizer):
+    looping = [call("bash", command="sleep 1")] * 5
+    traj = Agent(ScriptedEngine(tokenizer, looping), tokenizer, AgentConfig(wall_time_s=0.5)).run(
+        calc_task, SWEEnv(), make_sandbox())
+    assert traj.exit_reason == "timeout" and traj.turns == 1
