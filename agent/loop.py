@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent.chat import ChatRenderer
 from agent.engines.base import Engine, SamplingParams
-from agent.tools import ToolBox
+from agent.tools import DEFAULT_TOOLS, ToolBox
 from agent.trajectory import Trajectory
 from envs.base import Env, Task
 from sandbox.base import Sandbox, SandboxError
@@ -59,10 +59,11 @@ class Agent:
         cfg = self.config
         start = time.monotonic()
         timings = {"generate": 0.0, "tools": 0.0}
-        tools = ToolBox(sandbox, default_timeout_s=cfg.command_timeout_s,
+        # an env may name its own tools and system prompt (a small verifiable env, say)
+        tools = ToolBox(sandbox, tools=getattr(env, "tools", DEFAULT_TOOLS), default_timeout_s=cfg.command_timeout_s,
                         max_output_bytes=cfg.max_observation_bytes)
         chat = ChatRenderer(self.tokenizer, tools.definitions, cfg.family)
-        messages = [{"role": "system", "content": cfg.system_prompt}]
+        messages = [{"role": "system", "content": getattr(env, "system_prompt", None) or cfg.system_prompt}]
         try:
             messages.append({"role": "user", "content": env.reset(task, sandbox)})
         except SandboxError as e:

@@ -27,6 +27,8 @@ from sandbox.base import ExecResult, Sandbox, cap_text
 
 SPEC_FILE = Path(__file__).with_name("tools.yaml")
 DEFAULT_TOOLS = ("bash", "str_replace_editor", "submit")
+ENDING_TOOLS = ("submit", "answer")  # a call of one of these ends the episode
+ANSWER_FILE = "/testbed/.answer"  # where `answer` puts its value, for the env's grader
 SNIPPET_CONTEXT = 4  # lines shown around an edit, so the model can check it without a `view`
 
 
@@ -182,7 +184,8 @@ class ToolBox:
             spec_file, tools, default_timeout_s=self.default_timeout_s, max_timeout_s=self.max_timeout_s
         )
         self._schemas = {d["function"]["name"]: d["function"]["parameters"] for d in self.definitions}
-        self._handlers = {"bash": self._bash, "str_replace_editor": self._editor, "submit": self._submit}
+        self._handlers = {"bash": self._bash, "str_replace_editor": self._editor, "submit": self._submit,
+                          "answer": self._answer}
         # path -> contents before each edit, newest last; None: the edit created the file
         self._history: dict[str, list[str | None]] = defaultdict(list)
 
@@ -195,7 +198,7 @@ class ToolBox:
             output = self._handlers[name](**args)
         except ToolError as e:
             return self._error(str(e))
-        return ToolResult(cap_text(output, self.max_output_bytes)[0], submitted=name == "submit")
+        return ToolResult(cap_text(output, self.max_output_bytes)[0], submitted=name in ENDING_TOOLS)
 
     def _error(self, message: str) -> ToolResult:
         return ToolResult(cap_text(f"Error: {message}", self.max_output_bytes)[0], error=True)
@@ -212,6 +215,10 @@ class ToolBox:
 
     def _submit(self) -> str:
         return "Submitted. The episode is over; the workspace as it is now will be graded."
+
+    def _answer(self, value: str) -> str:
+        self.sandbox.write_file(ANSWER_FILE, value)
+        return "Answer recorded. The episode is over."
 
     # -- str_replace_editor -----------------------------------------------------------------------
     def _editor(self, command: str, path: str, view_range=None, file_text=None, old_str=None,

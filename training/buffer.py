@@ -32,7 +32,7 @@ class RolloutStream:
         self.max_staleness = max_staleness
         self.stale_policy = stale_policy
         self.max_in_flight = max_in_flight
-        self._queue: deque[Trajectory] = deque()
+        self._queue: deque[list[Trajectory]] = deque()  # groups, in arrival order
         self._changed = asyncio.Condition()
         self._in_flight = 0  # started, not yet taken (running or queued)
         self.counts = Counter()  # pushed, taken, dropped_stale, kept_stale, started
@@ -55,16 +55,21 @@ class RolloutStream:
 
     async def push(self, traj: Trajectory) -> None:
         """A finished rollout enters the stream at once."""
+        await self.push_group([traj])
+
+    async def push_group(self, group: list[Trajectory]) -> None:
+        """Rollouts of one prompt (GRPO's group) enter together and leave together; each
+        counts against `max_in_flight` (reserve once per rollout)."""
         async with self._changed:
-            self._queue.append(traj)
-            self.counts["pushed"] += 1
+            self._queue.append(list(group))
+            self.counts["pushed"] += len(group)
             self._changed.notify_all()
 
     # -- learner ----------------------------------------------------------------------------
     async def take(self, current_version: int, count: int | None = None, token_budget: int | None = None) -> list[Trajectory]:
         """The next batch, oldest first: `count` rollouts, or as many as fit `token_budget`
-        (at least one). Waits until enough rollouts have arrived. Too-stale ones are dropped
-        or kept according to the policy, and counted either way."""
+        (at least one group). Waits until enough rollouts have arrived. Too-stale groups are
+        dropped or kept according to the policy, and counted either way."""
         assert count or token_budget, "take needs a count or a token budget"
         batch: list[Trajectory] = []
         tokens = 0
@@ -72,20 +77,19 @@ class RolloutStream:
             while True:
                 await self._changed.wait_for(lambda: bool(self._queue))
                 while self._queue:
-                    traj = self._queue[0]
-                    if batch and token_budget and tokens + traj.num_tokens > token_budget:
+                    group = self._queue[0]
+                    size = sum(t.num_tokens for t in group)
+                    if batch and token_budget and tokens + size > token_budget:
                         return self._taken(batch, current_version)
                     self._queue.popleft()
-                    self._in_flight -= 1
-                    s = staleness(traj, current_version)
-                    if s > self.max_staleness:
+                    self._in_flight -= len(group)
+                    if max(staleness(t, current_version) for t in group) > self.max_staleness:
                         if self.stale_policy == "drop":
-                            self.counts["dropped_stale"] += 1
-                            self._changed.notify_all()
+                            self.counts["dropped_stale"] += len(group)
                             continue
-                        self.counts["kept_stale"] += 1
-                    batch.append(traj)
-                    tokens += traj.num_tokens
+                        self.counts["kept_stale"] += len(group)
+                    batch.extend(group)
+                    tokens += size
                     if (count and len(batch) >= count) or (token_budget and tokens >= token_budget):
                         return self._taken(batch, current_version)
                 self._changed.notify_all()  # dropped rollouts freed room for workers
@@ -101,7 +105,7 @@ class RolloutStream:
     # -- metrics and checkpoints ----------------------------------------------------------------
     @property
     def depth(self) -> int:
-        return len(self._queue)
+        return sum(len(g) for g in self._queue)
 
     def metrics(self, batch: list[Trajectory], current_version: int) -> dict[str, float]:
         values = [staleness(t, current_version) for t in batch]
@@ -121,12 +125,12 @@ class RolloutStream:
             "counts": dict(self.counts),
             "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()},
             "consumed_ids": sorted(self.consumed_ids),
-            "queue": [asdict(t) for t in self._queue],
+            "queue": [[asdict(t) for t in group] for group in self._queue],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counts = Counter(state["counts"])
         self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
         self.consumed_ids = set(state["consumed_ids"])
-        self._queue = deque(Trajectory(**t) for t in state["queue"])
-        self._in_flight = len(self._queue)
+        self._queue = deque([Trajectory(**t) for t in group] for group in state["queue"])
+        self._in_flight = self.depth

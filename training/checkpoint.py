@@ -1,0 +1,82 @@
+"""Checkpoints that a killed run resumes from, and the metrics a person reads.
+
+`output_dir/checkpoints/step_N/` holds `policy/` and `critic/` (HF format, loadable with
+`from_pretrained`), `learner.pt` (optimizers, step, version, RNG) and `run_state.json` (the
+task sampler and the stream: queued rollouts, counters, consumed keys). A checkpoint is
+written to a temporary folder and renamed, so a crash mid-write leaves the previous one.
+Metrics go to `output_dir/metrics.jsonl` (one JSON object per step) and TensorBoard events.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+
+class Checkpoints:
+    def __init__(self, output_dir: str | Path, keep: int = 3):
+        self.root = Path(output_dir) / "checkpoints"
+        self.keep = keep
+
+    def save(self, step: int, learner, run_state: dict[str, Any]) -> Path:
+        final = self.root / f"step_{step}"
+        tmp = self.root / f".tmp_step_{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        learner.save(tmp)
+        (tmp / "run_state.json").write_text(json.dumps(run_state))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in self.all()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def all(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        done = [p for p in self.root.glob("step_*") if (p / "run_state.json").exists()]
+        return sorted(done, key=lambda p: int(p.name.split("_")[1]))
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+
+class MetricsLog:
+    """metrics.jsonl plus TensorBoard; on resume, lines past the checkpoint's step are cut
+    so a step is never logged twice."""
+
+    def __init__(self, output_dir: str | Path, resume_step: int = 0):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self._writer = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency; without it, the JSONL log still works
+            pass
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._writer is not None:
+            for k, v in clean.items():
+                if v is not None:
+                    self._writer.add_scalar(k, v, step)
+            self._writer.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

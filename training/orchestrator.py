@@ -1,0 +1,227 @@
+"""The orchestrator: rollout workers, the learner, and weight sync, on one asyncio loop.
+
+Async mode (SAO's): N workers each loop task -> sandbox -> agent -> grade -> push; the learner
+takes a batch as soon as enough rollouts have arrived, steps, and every `sync_every` steps
+pushes its weights to the engine under a new version. Workers never wait for a batch.
+Sync mode (the GRPO way): each step starts a whole batch, waits for all of it, trains, syncs.
+The two share every part but the loop. Blocking work (engine, Docker, the learner step) runs
+in threads; the stream and the bookkeeping stay on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from agent.engines.base import Completion, SamplingParams
+from agent.loop import Agent
+from agent.rollout import rollout_and_grade
+from agent.trajectory import Trajectory
+from envs.base import Env, Task
+from sandbox.pool import SandboxPool
+from training.buffer import RolloutStream
+
+log = logging.getLogger(__name__)
+
+
+class EngineHandle:
+    """The engine shared by the rollout threads: calls are serialised with weight updates,
+    and busy time is measured (for `time/engine_idle_frac`)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self.busy_s = 0.0
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        with self._lock:
+            t0 = time.monotonic()
+            try:
+                return self.engine.generate(prompt_ids, sampling)
+            finally:
+                self.busy_s += time.monotonic() - t0
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        with self._lock:
+            self.engine.update_weights(named_tensors, version)
+
+
+@dataclass
+class Source:
+    """One stream of training tasks: an env, its tasks, the agent that runs them, a weight."""
+
+    name: str
+    env: Env
+    tasks: list[Task]
+    agent: Agent
+    weight: int = 1
+
+
+class TaskSampler:
+    """An endless, seeded, shuffled sequence of (key, source, task). Each rollout's key is
+    unique, so a resumed run counts none twice; keys drawn but not finished at a checkpoint
+    are drawn again first after a resume, so none is lost."""
+
+    def __init__(self, sources: list[Source], seed: int = 0):
+        self.items = [(s, t) for s in sources for t in s.tasks for _ in range(s.weight)]
+        assert self.items, "no training tasks"
+        self.seed = seed
+        self.drawn = 0
+        self.redo: list[int] = []
+        self.in_flight: set[int] = set()
+        self._perms: dict[int, list[int]] = {}
+
+    def next(self) -> tuple[int, Source, Task]:
+        key = self.redo.pop(0) if self.redo else self._draw()
+        self.in_flight.add(key)
+        epoch, i = divmod(key, len(self.items))
+        if epoch not in self._perms:
+            perm = list(range(len(self.items)))
+            random.Random(self.seed * 100_003 + epoch).shuffle(perm)
+            self._perms = {epoch: perm}
+        source, task = self.items[self._perms[epoch][i]]
+        return key, source, task
+
+    def _draw(self) -> int:
+        self.drawn += 1
+        return self.drawn - 1
+
+    def done(self, key: int) -> None:
+        self.in_flight.discard(key)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"drawn": self.drawn, "redo": sorted(self.redo + list(self.in_flight))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drawn, self.redo, self.in_flight = state["drawn"], list(state["redo"]), set()
+
+
+@dataclass
+class RunConfig:
+    mode: str = "async"  # or "sync"
+    batch_size: int = 16  # rollouts per learner step (prompts x group_size)
+    group_size: int = 1  # rollouts per prompt (SAO: 1; GRPO: G)
+    sync_every: int = 1
+    num_workers: int = 2
+    max_steps: int = 30
+    checkpoint_every: int = 10
+    max_staleness: int = 4
+    stale_policy: str = "drop"
+    max_in_flight: int | None = None  # default: batch_size + num_workers * group_size
+    seed: int = 0
+
+
+class Orchestrator:
+    def __init__(self, cfg: RunConfig, sampler: TaskSampler, pool: SandboxPool, engine: EngineHandle, learner,
+                 on_step: Callable[[int, dict, list[Trajectory]], None], start_step: int = 0,
+                 stream: RolloutStream | None = None):
+        if cfg.batch_size % cfg.group_size:
+            raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of group_size {cfg.group_size}")
+        in_flight = cfg.max_in_flight or cfg.batch_size + cfg.num_workers * cfg.group_size
+        if in_flight < cfg.batch_size:
+            raise ValueError(f"max_in_flight {in_flight} is below batch_size {cfg.batch_size}: the learner would wait forever")
+        self.cfg, self.sampler, self.pool, self.engine, self.learner = cfg, sampler, pool, engine, learner
+        self.stream = stream or RolloutStream(cfg.max_staleness, cfg.stale_policy, in_flight)
+        self.on_step = on_step
+        self.step = start_step
+        self.rollout_errors = 0
+        self._wait_s = 0.0
+        self._start = 0.0
+
+    async def run(self) -> None:
+        self._start = time.monotonic()
+        self._engine_busy0 = self.engine.busy_s
+        if self.cfg.mode == "async":
+            workers = [asyncio.create_task(self._worker(i)) for i in range(self.cfg.num_workers)]
+            try:
+                while self.step < self.cfg.max_steps:
+                    t0 = time.monotonic()
+                    batch = await self.stream.take(self.learner.version, count=self.cfg.batch_size)
+                    self._wait_s += time.monotonic() - t0
+                    await self._learn(batch)
+            finally:
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+        elif self.cfg.mode == "sync":
+            while self.step < self.cfg.max_steps:
+                t0 = time.monotonic()
+                slots = asyncio.Semaphore(self.cfg.num_workers)
+                n_groups = self.cfg.batch_size // self.cfg.group_size
+                groups = await asyncio.gather(*[self._group(slots) for _ in range(n_groups)])
+                batch = [t for g in groups if g for t in g]
+                self._wait_s += time.monotonic() - t0  # the learner waits for the whole batch
+                await self._learn(batch)
+        else:
+            raise ValueError(f"mode must be 'async' or 'sync', got {self.cfg.mode!r}")
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            for _ in range(self.cfg.group_size):
+                await self.stream.reserve()
+            group = await self._group(None)
+            if group is None:
+                for _ in range(self.cfg.group_size):
+                    await self.stream.release()
+                continue
+            await self.stream.push_group(group)
+
+    async def _group(self, slots: asyncio.Semaphore | None) -> list[Trajectory] | None:
+        """G rollouts of one task (G = group_size); None if the sandbox machinery failed."""
+        key, source, task = self.sampler.next()
+        group = []
+        try:
+            for g in range(self.cfg.group_size):
+                seed = (self.cfg.seed * 1_000_003 + key) * 97 + g
+                if slots:
+                    async with slots:
+                        traj = await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
+                else:
+                    traj = await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
+                traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
+                group.append(traj)
+        except Exception as e:  # an infrastructure fault: counted, logged, the run goes on
+            self.rollout_errors += 1
+            log.warning("rollout of %s failed: %s", task.instance_id, e)
+            self.sampler.done(key)
+            return None
+        self.sampler.done(key)
+        return group
+
+    async def _learn(self, batch: list[Trajectory]) -> None:
+        version_before = self.learner.version
+        group_ids = [i // self.cfg.group_size for i in range(len(batch))]
+        t0 = time.monotonic()
+        metrics = await asyncio.to_thread(self.learner.step, batch, group_ids)
+        learn_s = time.monotonic() - t0
+        self.step += 1
+        if self.learner.version != version_before and self.step % self.cfg.sync_every == 0:
+            t1 = time.monotonic()
+            await asyncio.to_thread(self.engine.update_weights, self.learner.state_dict_for_engine(), self.learner.version)
+            metrics["time/weight_sync_s"] = time.monotonic() - t1
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        metrics.update(self.stream.metrics(batch, version_before))
+        metrics.update({
+            "time/learner_idle_frac": self._wait_s / elapsed,
+            "time/engine_idle_frac": max(0.0, 1 - (self.engine.busy_s - self._engine_busy0) / elapsed),
+            "time/learner_step_s": learn_s,
+            "time/elapsed_s": elapsed,
+            "rollout/errors": float(self.rollout_errors),
+            "rollout/turns_mean": sum(t.turns for t in batch) / len(batch),
+            "engine/version": float(self.engine.version),
+        })
+        for reason in ("submitted", "max_turns", "context_full", "timeout", "format_errors", "sandbox_error"):
+            metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
+        self.on_step(self.step, metrics, batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "stream": self.stream.state_dict()}
