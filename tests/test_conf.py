@@ -1,24 +1,66 @@
-"""Every file under conf/ composes, and every group option instantiates."""
+"""Every file under conf/ composes, every group option instantiates, and the full-scale
+experiment composes with the paper's values."""
 
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from envs.base import make_env, registered_envs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
+IN_DEFAULTS = {"model", "engine", "learner", "algo", "sandbox"}
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("group,name", OPTIONS)
 def test_every_group_option_composes_and_instantiates(group, name):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"{group}={name}"])
-    obj = instantiate(cfg[group])
+    if group in ("experiment", "debug"):  # global packages: they change the whole config
+        cfg = composed(f"+{group}={name}")
+        assert OmegaConf.to_container(cfg, resolve=True)["trainer"]["batch_size"] > 0
+        return
     if group == "env":  # an env file names a registered env: one file + one YAML adds one
-        assert name in registered_envs() and type(obj) is type(make_env(name))
+        cfg = OmegaConf.load(CONF / "env" / f"{name}.yaml")
+        assert type(instantiate(cfg)) is type(make_env(name)) and name in registered_envs()
+        return
+    assert group in IN_DEFAULTS, f"conf/{group}/ is a group the tests do not know"
+    cfg = composed(f"{group}={name}")
+    if "_target_" in cfg[group]:
+        instantiate(cfg[group])
+    OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_default_run_is_the_embedded_one():
+    cfg = OmegaConf.to_container(composed(), resolve=True)
+    assert cfg["model"]["path"] is None and cfg["engine"]["kind"] == "hf"
+    assert cfg["algo"]["_target_"] == "training.algos.SAO" and cfg["trainer"]["group_size"] == 1
+    assert {s["env"] for s in cfg["sources"]} == {"arith", "swe"}
+
+
+def test_swe_verified_experiment_has_the_papers_settings():
+    cfg = OmegaConf.to_container(composed("+experiment=swe_verified"), resolve=True)
+    assert cfg["model"]["path"].startswith("Qwen/Qwen3") and cfg["engine"]["kind"] == "vllm"
+    assert cfg["trainer"]["batch_size"] == 128 and cfg["trainer"]["group_size"] == 1  # 128 x 1
+    assert cfg["agent"]["max_tokens"] == 131072 and cfg["engine"]["options"]["max_model_len"] == 131072
+    algo = cfg["algo"]
+    assert (algo["eps_low"], algo["eps_high"]) == (0.8, 3.0) and algo["mask"] is True
+    assert (algo["lr_policy"], algo["lr_critic"]) == (1e-6, 5e-6)
+    assert algo["critic_steps"] == 2 and algo["critic_warmup_steps"] == 10 and algo["freeze_critic_attention"]
+    assert algo["gamma"] == 1.0 and algo["policy_lambda"] is None and algo["critic_lambda"] == 1.0
+    assert cfg["model"]["algo_overrides"] == {}  # nothing replaces the paper's values
+    assert [s["env"] for s in cfg["sources"]] == ["swe"]
+
+
+def test_grpo_switch():
+    cfg = OmegaConf.to_container(composed("algo=grpo"), resolve=True)
+    assert cfg["algo"]["_target_"] == "training.algos.GRPO" and cfg["trainer"]["group_size"] == 8
 
 
 def test_unknown_env_is_a_clear_error():

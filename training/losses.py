@@ -127,7 +127,8 @@ def value_loss(
     with torch.no_grad():
         y_pred, y_true = values[sampled].double(), returns[sampled].double()
         var_y = y_true.var(unbiased=False) if y_true.numel() else torch.tensor(0.0)
-        explained = 0.0 if var_y == 0 else (1 - (y_true - y_pred).var(unbiased=False) / var_y).item()
+        # constant targets (up to rounding: returns = A + V carries ~1e-9 noise) leave it undefined
+        explained = 0.0 if var_y <= 1e-12 else (1 - (y_true - y_pred).var(unbiased=False) / var_y).item()
         metrics = {
             "value/loss": loss.item(),
             "value/explained_var": explained,

@@ -225,3 +225,16 @@ class Orchestrator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "sampler": self.sampler.state_dict(), "stream": self.stream.state_dict()}
+
+
+def evaluate(source: Source, pool: SandboxPool, workers: int = 2, seed: int = 10_007) -> float:
+    """Mean reward of one rollout per task of `source` with the engine's current weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i_task):
+        i, task = i_task
+        return rollout_and_grade(source.agent, task, source.env, pool, seed=seed + i).reward
+
+    with ThreadPoolExecutor(workers) as ex:
+        rewards = list(ex.map(one, enumerate(source.tasks)))
+    return sum(rewards) / len(rewards)

@@ -94,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--examples", type=int, default=2000)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--max-operand", type=int, default=9)
     args = p.parse_args(argv)
     model = args.model or str(build_tiny_model(DEFAULT_DIR))
-    stats = sft(model, args.out, args.steps, args.examples, lr=args.lr, seed=args.seed)
+    stats = sft(model, args.out, args.steps, args.examples, lr=args.lr, seed=args.seed, max_operand=args.max_operand)
     print(f"sft: loss {stats['loss_first']:.3f} -> {stats['loss_last']:.3f}; saved {args.out}")
     return 0
 

@@ -1,0 +1,134 @@
+"""The training entry point (Hydra): `python -m training.run [overrides]`.
+
+The story of a run: prepare the model (the embedded tiny one is built and warm-started by
+SFT), start the engine, the learner and the sandbox pool, resume from the newest checkpoint
+if there is one, score the held-apart prompts, stream rollouts into the learner until
+`trainer.max_steps`, score the held-apart prompts again, and draw the reward curve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import AutoTokenizer
+
+from agent.engines import make_engine
+from agent.loop import Agent, AgentConfig
+from envs.base import make_env
+from sandbox.base import Limits
+from sandbox.pool import SandboxPool
+from training.checkpoint import Checkpoints, MetricsLog
+from training.orchestrator import EngineHandle, Orchestrator, RunConfig, Source, TaskSampler, evaluate
+from training.plots import plot_rewards
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+console = Console(stderr=True)
+log = logging.getLogger("training.run")
+
+
+def prepare_model(model_cfg: DictConfig) -> str:
+    """The checkpoint to start from: a given path, or the tiny model (+ SFT), cached."""
+    from agent.tiny_model import DEFAULT_DIR, build_tiny_model
+
+    path = model_cfg.path or str(build_tiny_model(DEFAULT_DIR))
+    if not model_cfg.sft.enabled:
+        return path
+    from training.sft import DEFAULT_OUT, sft
+
+    stamp = json.dumps({"base": path, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
+    # one cached SFT model per (base, settings): a run with other settings never reuses it
+    out = DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}")
+    if not (out / "stage.json").exists():
+        console.print(f"SFT warm start: {model_cfg.sft.steps} steps on generated demonstrations -> {out}")
+        sft(path, out, model_cfg.sft.steps, model_cfg.sft.examples, lr=model_cfg.sft.lr,
+            max_operand=model_cfg.sft.max_operand)
+        (out / "stage.json").write_text(stamp)
+    return str(out)
+
+
+def make_algo(cfg: DictConfig):
+    """The algo config, with the model's overrides of the fields it has (chosen once, here)."""
+    algo = OmegaConf.to_container(cfg.algo)
+    overrides = OmegaConf.to_container(cfg.model.get("algo_overrides") or {})
+    algo.update({k: v for k, v in overrides.items() if k in algo})
+    return instantiate(algo)
+
+
+def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:
+    fields = {**OmegaConf.to_container(cfg.agent), **(OmegaConf.to_container(override) if override else {})}
+    return Agent(engine, tokenizer, AgentConfig(**fields))
+
+
+def make_source(spec: DictConfig, engine, tokenizer, cfg: DictConfig) -> Source:
+    env_cfg = OmegaConf.load(CONF / "env" / f"{spec.env}.yaml")
+    env_cfg.pop("_target_", None)
+    return Source(spec.get("name", spec.env), make_env(spec.env, **env_cfg), list(instantiate(spec.tasks)),
+                  make_agent(engine, tokenizer, cfg, spec.get("agent")), spec.get("weight", 1))
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    out = Path(cfg.output_dir)
+    model_path = prepare_model(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = EngineHandle(make_engine(cfg.engine.kind, model_path, **cfg.engine.options))
+    learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
+                                       sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
+    sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
+    pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
+                       max_live=cfg.trainer.num_workers + 1)
+    run_cfg = RunConfig(**cfg.trainer)
+    checkpoints = Checkpoints(out)
+    orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None)
+    latest = checkpoints.latest() if cfg.resume else None
+    if latest is not None:
+        learner.load(latest)
+        state = json.loads((latest / "run_state.json").read_text())
+        orch.step = state["step"]
+        sampler.load_state_dict(state["sampler"])
+        orch.stream.load_state_dict(state["stream"])
+        engine.update_weights(learner.state_dict_for_engine(), learner.version)
+        console.print(f"resumed from {latest} (step {orch.step}, policy version {learner.version})")
+    metrics_log = MetricsLog(out, orch.step)
+    held_out = make_source(cfg.held_out, engine, tokenizer, cfg) if cfg.held_out else None
+    summary = {}
+    if held_out and latest is None:
+        summary["held_out/reward_initial"] = evaluate(held_out, pool)
+        console.print(f"held-apart reward before training: {summary['held_out/reward_initial']:.3f}")
+
+    columns = [TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("reward {task.fields[reward]:.2f}  staleness {task.fields[stale]:.2f}")]
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("train", total=run_cfg.max_steps, completed=orch.step, reward=0.0, stale=0.0)
+
+        def on_step(step: int, metrics: dict, batch) -> None:
+            metrics_log.log(step, metrics)
+            progress.update(bar, completed=step, reward=metrics["reward/mean"], stale=metrics["staleness/mean"])
+            if step % run_cfg.checkpoint_every == 0 or step == run_cfg.max_steps:
+                checkpoints.save(step, learner, orch.state_dict())
+
+        orch.on_step = on_step
+        try:
+            asyncio.run(orch.run())
+        finally:
+            metrics_log.close()
+    if held_out:
+        summary["held_out/reward_final"] = evaluate(held_out, pool)
+        console.print(f"held-apart reward after training: {summary['held_out/reward_final']:.3f}")
+        (out / "held_out.json").write_text(json.dumps(summary, indent=2))
+    plot_rewards(metrics_log.read(), out / "reward_curve.png", title=f"{cfg.algo._target_.split('.')[-1]} on {cfg.run_id}")
+    pool.close()
+    console.print(f"metrics: {metrics_log.path}\ncheckpoints: {checkpoints.root}\nreward curve: {out / 'reward_curve.png'}")
+
+
+if __name__ == "__main__":
+    main()
