@@ -74,3 +74,19 @@ def test_test_timeout_is_reported(make_sandbox, calc_task):
     r = grade(make_sandbox, task, calc_task.patch, test_timeout_s=4)
     assert r.timed_out and not r.resolved
     assert r.error == "tests timed out after 4s"
+
+
+def test_swebench_v5_row_with_its_own_eval_script_and_parser(make_sandbox, calc_task):
+    """A v5 row brings `eval_script` (which applies the test patch itself) and `log_parser`;
+    grading runs that script and reads its log with that parser."""
+    from dataclasses import replace
+
+    from envs.swe import build_eval_script
+
+    script = build_eval_script(calc_task).replace("-rA --tb=short", "-rA --tb=line -v")
+    task = replace(calc_task, eval_script="#!/bin/bash\nset -uxo pipefail\n" + script,
+                   log_parser="parse_log_pytest_v2", test_patch="")
+    r = grade(make_sandbox, task, calc_task.patch)
+    assert r.resolved and "--tb=line" in r.log, r.log[-2000:]
+    r = grade(make_sandbox, task, "")
+    assert not r.resolved and r.tests_status["test_new.py::test_clamp_high"] == "FAILED"
