@@ -41,7 +41,7 @@ def test_default_run_is_the_embedded_one():
     cfg = OmegaConf.to_container(composed(), resolve=True)
     assert cfg["model"]["path"] is None and cfg["engine"]["kind"] == "hf"
     assert cfg["algo"]["_target_"] == "training.algos.SAO" and cfg["trainer"]["group_size"] == 1
-    assert {s["env"] for s in cfg["sources"]} == {"arith", "swe"}
+    assert {s["env"] for s in cfg["sources"]} == {"prefer", "arith", "swe"}
 
 
 def test_swe_verified_experiment_has_the_papers_settings():

@@ -44,7 +44,10 @@ def prepare_model(model_cfg: DictConfig) -> str:
         return path
     from training.sft import DEFAULT_OUT, sft
 
-    stamp = json.dumps({"base": path, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
+    import training.sft as sft_module
+
+    recipe = hashlib.sha1(Path(sft_module.__file__).read_bytes()).hexdigest()  # a new recipe, a new model
+    stamp = json.dumps({"base": path, "recipe": recipe, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
     # one cached SFT model per (base, settings): a run with other settings never reuses it
     out = DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}")
     if not (out / "stage.json").exists():

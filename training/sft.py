@@ -1,8 +1,9 @@
 """Supervised warm start on generated demonstrations (its own stage, before RL).
 
 A randomly initialised tiny model has never seen a tool call; a short SFT on demonstrations
-of the arith env (question -> one `answer` call with the right value) teaches it the format
-and a little arithmetic, so that RL starts from a policy that sometimes earns reward.
+of the small envs (a question -> one `answer` call: the right sum for arith, a random digit
+for prefer, whose rule only reward can teach) teaches it the format, so that RL starts from
+a policy that answers well-formed and sometimes earns reward.
 
     python -m training.sft [--model DIR] [--out DIR] [--steps N] [--examples N] [--seed S]
 """
@@ -23,6 +24,7 @@ from agent.chat import ChatRenderer
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 from agent.tools import load_definitions
 from envs.arith import ArithEnv, make_arith_tasks
+from envs.prefer import PreferEnv, make_prefer_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "models" / "tiny-qwen2-sft"
@@ -49,11 +51,14 @@ def sft(model_path: str, out: Path, steps: int = 150, examples: int = 2000, batc
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
-    env = ArithEnv()
-    renderer = ChatRenderer(tokenizer, load_definitions(names=env.tools))
-    # a seed far from the RL and evaluation seeds, so held-out questions stay held out in text
-    data = [demonstration(renderer, env.system_prompt, t.problem_statement, t.extra["answer"])
-            for t in make_arith_tasks(examples, seed=seed, max_operand=max_operand)]
+    arith, prefer = ArithEnv(), PreferEnv()
+    renderer = ChatRenderer(tokenizer, load_definitions(names=arith.tools))
+    # a seed far from the RL and evaluation seeds, so held-out questions stay held out in text;
+    # prefer prompts get a uniformly random digit: the format is taught, the hidden rule is not
+    data = [demonstration(renderer, arith.system_prompt, t.problem_statement, t.extra["answer"])
+            for t in make_arith_tasks(examples // 2, seed=seed, max_operand=max_operand)]
+    data += [demonstration(renderer, prefer.system_prompt, t.problem_statement, str(rng.randint(0, 9)))
+             for t in make_prefer_tasks(examples - examples // 2, seed=seed)]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     with Progress() as progress:

@@ -1,0 +1,68 @@
+"""A verifiable env with a hidden rule: the agent names a digit through the `answer` tool and
+is rewarded when it is the env's preferred one. Nothing in the prompt gives the rule away,
+so only reward can teach it: the plainest test that the whole RL loop learns.
+
+The rule may drift: with `switch_every > 0`, the preferred digit moves to the next one in
+`preferred` after that many graded rollouts (DESIGN.md: an env whose preferred answer
+switches mid-run, where a critic should recover faster than a running-mean baseline).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from agent.tools import ANSWER_FILE
+from envs.base import GradeResult, Task, register_env
+from sandbox.base import Sandbox
+from sandbox.docker import DEFAULT_IMAGE
+
+QUESTIONS = ["Pick a digit.", "Name one digit from 0 to 9.", "Choose a number between 0 and 9.",
+             "Say a single digit.", "Give me a digit.", "Which digit do you pick?"]
+
+
+def make_prefer_tasks(n: int, seed: int = 0) -> list[Task]:
+    """`n` prompts asking for a digit, in a few wordings."""
+    rng = random.Random(seed)
+    return [Task(instance_id=f"prefer-{seed}-{i}", repo="prefer", base_commit="-",
+                 problem_statement=rng.choice(QUESTIONS)) for i in range(n)]
+
+
+@register_env("prefer")
+class PreferEnv:
+    tools = ("answer",)
+
+    def __init__(self, preferred: str = "7", switch_every: int = 0, image: str = DEFAULT_IMAGE):
+        self.preferred = [p.strip() for p in str(preferred).split(",")]
+        self.switch_every = switch_every
+        self.image = image
+        self.system_prompt = "Answer with one call of the `answer` tool."
+        self._graded = 0
+        self._lock = threading.Lock()
+
+    def image_for(self, task: Task) -> str:
+        return self.image
+
+    def reset(self, task: Task, sandbox: Sandbox) -> str:
+        return task.problem_statement
+
+    def current(self) -> str:
+        """The digit rewarded now."""
+        phase = self._graded // self.switch_every if self.switch_every > 0 else 0
+        return self.preferred[phase % len(self.preferred)]
+
+    def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult:
+        start = time.monotonic()
+        try:
+            given = sandbox.read_file(ANSWER_FILE).strip()
+        except FileNotFoundError:
+            given = None
+        with self._lock:
+            expected = self.current()
+            self._graded += 1
+        resolved = given == expected
+        return GradeResult(task.instance_id, resolved=resolved, patch_applied=True,
+                           tests_status={"answer": "PASSED" if resolved else "FAILED"},
+                           report={"expected": expected, "given": given}, empty_patch=given is None,
+                           duration_s=time.monotonic() - start)
