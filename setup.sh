@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# First command on a fresh machine: set everything up, then run the main job.
-# Main job (until the trainer lands): grade every built-in task with its gold patch in real
-# sandboxes and print the report.
+# First command on a fresh machine: set everything up, then run the main job: the embedded
+# default training run (tiny model + SFT warm start, SAO, real sandboxes; minutes on 2 CPUs).
+# Extra arguments are Hydra overrides, e.g. ./setup.sh trainer.max_steps=10
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m eval.swebench --dataset builtin --predictions gold --run-id setup \
-  --output outputs/eval/builtin-gold "$@"
+exec .venv/bin/python -m training.run "$@"

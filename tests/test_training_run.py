@@ -74,3 +74,17 @@ def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, dock
     accounted = consumed | queued | set(sampler["redo"])
     dropped = stream["counts"].get("dropped_stale", 0)
     assert len(set(range(sampler["drawn"])) - accounted) <= dropped
+
+
+@pytest.mark.parametrize("overrides", [["algo=grpo", "algo.group_size=2"], ["trainer.mode=sync"]])
+def test_grpo_and_sync_mode_run_in_the_same_pipeline(tmp_path, docker_client, overrides):
+    out = tmp_path / "run"
+    r = train(out, *overrides)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    if "algo=grpo" in overrides:
+        assert "ppo/clipfrac" in rows[-1] and "value/loss" not in rows[-1]
+        assert not (out / "checkpoints" / "step_2" / "critic").exists()
+    else:
+        assert rows[-1]["staleness/mean"] == 0.0  # sync: every rollout comes from the current policy
