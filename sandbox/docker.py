@@ -298,15 +298,16 @@ def sweep(run_id: str | None = None, everything: bool = False, docker_client=Non
     filters = {"label": [f"{LABEL}=1"] + ([f"sao.run_id={run_id}"] if run_id else [])}
     host = socket.gethostname()
     removed = []
-    for ct in c.containers.list(all=True, filters=filters):
-        labels = ct.labels
+    # sparse: no per-container inspect, which would fail (404) for one another run removes meanwhile
+    for ct in c.containers.list(all=True, filters=filters, sparse=True):
+        labels = ct.attrs.get("Labels") or {}
         if not (everything or run_id):
             if labels.get("sao.host") != host or _pid_alive(int(labels.get("sao.pid", "0") or 0)):
                 continue
         try:
-            ct.remove(force=True)
+            c.api.remove_container(ct.id, force=True)
             removed.append(ct.id)
-        except docker.errors.APIError:
+        except docker.errors.APIError:  # NotFound included: it is gone either way
             pass
     return removed
 

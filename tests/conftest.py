@@ -45,9 +45,9 @@ def no_leftover_containers():
         c = client()
     except Exception:
         return
-    left = c.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"sao.run_id={RUN_ID}"]})
+    left = c.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"sao.run_id={RUN_ID}"]}, sparse=True)
     for ct in left:
-        ct.remove(force=True)
+        c.api.remove_container(ct.id, force=True)
     assert not left, f"{len(left)} sandbox container(s) left after the test session"
 
 

@@ -65,6 +65,8 @@ def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, dock
     assert r.returncode == 0, r.stderr[-4000:]
     assert f"step_{killed_at} (step {killed_at}," in r.stderr.replace("\n", "")
     assert steps(out) == list(range(1, 9))  # each step logged once
+    held = json.loads((out / "held_out.json").read_text())  # the pre-training score survived the crash
+    assert {"held_out/reward_initial", "held_out/reward_final"} <= set(held)
     state = json.loads((out / "checkpoints" / "step_8" / "run_state.json").read_text())
     stream, sampler = state["stream"], state["sampler"]
     assert stream["counts"]["taken"] == 8 * 4 == len(stream["consumed_ids"])  # none trained on twice

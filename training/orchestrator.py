@@ -11,6 +11,7 @@ in threads; the stream and the bookkeeping stay on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
@@ -182,10 +183,7 @@ class Orchestrator:
         try:
             for g in range(self.cfg.group_size):
                 seed = (self.cfg.seed * 1_000_003 + key) * 97 + g
-                if slots:
-                    async with slots:
-                        traj = await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
-                else:
+                async with slots or contextlib.nullcontext():
                     traj = await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
                 traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
                 group.append(traj)

@@ -103,9 +103,11 @@ def main(cfg: DictConfig) -> None:
         console.print(f"resumed from {latest} (step {orch.step}, policy version {learner.version})")
     metrics_log = MetricsLog(out, orch.step)
     held_out = make_source(cfg.held_out, engine, tokenizer, cfg) if cfg.held_out else None
-    summary = {}
-    if held_out and latest is None:
+    held_file = out / "held_out.json"
+    summary = json.loads(held_file.read_text()) if latest is not None and held_file.exists() else {}
+    if held_out and "held_out/reward_initial" not in summary:
         summary["held_out/reward_initial"] = evaluate(held_out, pool)
+        held_file.write_text(json.dumps(summary, indent=2))  # kept across a crash and resume
         console.print(f"held-apart reward before training: {summary['held_out/reward_initial']:.3f}")
 
     columns = [TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -127,7 +129,7 @@ def main(cfg: DictConfig) -> None:
     if held_out:
         summary["held_out/reward_final"] = evaluate(held_out, pool)
         console.print(f"held-apart reward after training: {summary['held_out/reward_final']:.3f}")
-        (out / "held_out.json").write_text(json.dumps(summary, indent=2))
+        held_file.write_text(json.dumps(summary, indent=2))
     plot_rewards(metrics_log.read(), out / "reward_curve.png", title=f"{cfg.algo._target_.split('.')[-1]} on {cfg.run_id}")
     pool.close()
     console.print(f"metrics: {metrics_log.path}\ncheckpoints: {checkpoints.root}\nreward curve: {out / 'reward_curve.png'}")
