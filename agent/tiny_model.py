@@ -30,9 +30,14 @@ MODEL_CONFIG = dict(
 
 
 def corpus_files(root: Path = ROOT) -> list[Path]:
-    files = {p for g in CORPUS_GLOBS for p in root.glob(g) if p.is_file() and ".venv" not in p.parts
-             and ".cache" not in p.parts}
-    return sorted(files)
+    """The project's own files: hidden folders (.venv, .pytest_cache, ...), run outputs and
+    built repositories left out, so every checkout trains the same tokenizer."""
+    def ours(p: Path) -> bool:
+        rel = p.relative_to(root).parts
+        return p.is_file() and not any(part.startswith(".") for part in rel) and rel[0] != "outputs" \
+            and rel[:3] != ("envs", "builtin", "repos")
+
+    return sorted({p for g in CORPUS_GLOBS for p in root.glob(g) if ours(p)})
 
 
 def train_tokenizer(vocab_size: int = 4096, root: Path = ROOT):

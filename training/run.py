@@ -47,7 +47,9 @@ def prepare_model(model_cfg: DictConfig) -> str:
     import training.sft as sft_module
 
     recipe = hashlib.sha1(Path(sft_module.__file__).read_bytes()).hexdigest()  # a new recipe, a new model
-    stamp = json.dumps({"base": path, "recipe": recipe, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
+    weights = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+    base = hashlib.sha1(b"".join(p.read_bytes() for p in weights)).hexdigest() if weights else path
+    stamp = json.dumps({"base": base, "recipe": recipe, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
     # one cached SFT model per (base, settings): a run with other settings never reuses it
     out = DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}")
     if not (out / "stage.json").exists():
