@@ -18,8 +18,10 @@ TEMPLATE = Path(__file__).parent / "templates" / "chatml_tools.jinja"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Tool tags are single tokens but not "special": decoding keeps them, so a parser sees them.
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-CORPUS_GLOBS = ["agent/**/*.py", "envs/**/*.py", "sandbox/**/*.py", "eval/**/*.py", "training/**/*.py",
-                "**/*.md", "conf/**/*.yaml", "agent/**/*.yaml", "agent/**/*.jinja", "envs/prompts/*"]
+# The built-in tasks' real sources (code, tests, docs) and the agent's own prompt files:
+# text that rarely changes, so the tiny model stays the same from commit to commit.
+CORPUS_GLOBS = ["envs/builtin/sources/**/*.py", "envs/builtin/sources/**/*.rst", "envs/builtin/sources/**/*.md",
+                "agent/tools.yaml", "agent/prompts/*", "agent/templates/*.jinja", "envs/prompts/*"]
 
 # head_dim 64: vLLM's CPU attention refuses 16 (DEVELOPERS.md); 2 heads x 64 = hidden 128.
 MODEL_CONFIG = dict(
