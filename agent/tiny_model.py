@@ -1,5 +1,5 @@
 """The embedded default model: a tiny Qwen2-architecture model built from a config, with a
-byte-level BPE tokenizer trained offline on the project's own code and text, and a ChatML
+byte-level BPE tokenizer trained offline on the built-in tasks' sources and the agent's prompts, and a ChatML
 chat template that renders tools and `<tool_call>` tags. Both engines (transformers, vLLM)
 load the saved directory like any HF checkpoint.
 
