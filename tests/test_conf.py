@@ -39,7 +39,7 @@ def test_every_group_option_composes_and_instantiates(group, name):
 
 def test_default_run_is_the_embedded_one():
     cfg = OmegaConf.to_container(composed(), resolve=True)
-    assert cfg["model"]["path"] is None and cfg["engine"]["kind"] == "hf"
+    assert cfg["model"]["path"] is None and cfg["engine"]["kind"] == "auto"
     assert cfg["algo"]["_target_"] == "training.algos.SAO" and cfg["trainer"]["group_size"] == 1
     assert {s["env"] for s in cfg["sources"]} == {"prefer", "arith", "swe"}
 

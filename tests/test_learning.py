@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_trained_policy_beats_the_initial_one_on_held_apart_prompts(tmp_path, docker_client):
     out = tmp_path / "learn"
-    r = subprocess.run([sys.executable, "-m", "training.run", "+debug=learn", f"output_dir={out}", f"run_id={RUN_ID}"],
+    r = subprocess.run([sys.executable, "-m", "training.run", "+debug=learn", "engine=hf", f"output_dir={out}", f"run_id={RUN_ID}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-4000:]
     held = json.loads((out / "held_out.json").read_text())

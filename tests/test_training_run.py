@@ -19,8 +19,10 @@ REQUIRED = {"step", "reward/mean", "sao/mask_frac_low", "sao/mask_frac_high", "s
 
 
 def train(out: Path, *overrides: str, wait: bool = True):
+    """A tiny run; on the hf engine unless the overrides choose one (vLLM's start costs ~30 s)."""
+    engine = [] if any(o.startswith("engine=") for o in overrides) else ["engine=hf"]
     cmd = [sys.executable, "-m", "training.run", "+debug=tiny", f"output_dir={out}", f"run_id={RUN_ID}",
-           "model.algo_overrides.critic_warmup_steps=0", *overrides]
+           "model.algo_overrides.critic_warmup_steps=0", *engine, *overrides]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -47,6 +49,22 @@ def test_default_run_writes_metrics_checkpoints_and_curve(tmp_path, docker_clien
         ckpt = out / "checkpoints" / f"step_{step}"
         AutoModelForCausalLM.from_pretrained(ckpt / "policy")
         AutoModelForTokenClassification.from_pretrained(ckpt / "critic")
+
+
+def test_default_engine_is_vllm_where_installed_and_receives_the_weights(tmp_path, docker_client):
+    from agent.engines.vllm import vllm_available
+
+    out = tmp_path / "run"
+    r = train(out, "engine=auto", "trainer.mode=sync")
+    assert r.returncode == 0, r.stderr[-4000:]
+    kind = "vllm" if vllm_available() else "hf"
+    assert f"engine: {kind} (auto)" in r.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    # the step-1 update reached the engine: step 2's rollouts were sampled by version 1, and
+    # the learner's logprobs under those weights match the engine's
+    assert rows[0]["learner/version"] == 1 and rows[1]["engine/version"] == 2
+    assert rows[1]["sao/logprob_mismatch_pre"] < 1e-3
 
 
 def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, docker_client):

@@ -65,3 +65,17 @@ def test_full_rollout_on_vllm(engine, tiny, make_sandbox, calc_task):
     traj.check()
     assert traj.exit_reason in ("max_turns", "format_errors", "submitted", "context_full")
     assert traj.num_sampled > 0 and set(v for v, m in zip(traj.policy_version, traj.loss_mask) if m) == {engine.version}
+
+
+def test_no_prefix_cached_under_old_weights_survives_an_update(engine, tiny):
+    # a prompt long enough to fill cache blocks, sampled once before the update: reused after
+    # it, those blocks would hold the old weights' keys and values (a mismatch of ~1e-2 here)
+    prompt = [(7 * i) % 4000 + 10 for i in range(600)]
+    engine.generate(prompt, SamplingParams(max_new_tokens=4, seed=1))
+    other = AutoModelForCausalLM.from_pretrained(tiny)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.update_weights(other.state_dict().items(), version=6)
+    c = engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=3))
+    assert (hf_logprobs(other, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE

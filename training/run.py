@@ -80,12 +80,26 @@ def make_source(spec: DictConfig, engine, tokenizer, cfg: DictConfig) -> Source:
                   make_agent(engine, tokenizer, cfg, spec.get("agent")), spec.get("weight", 1))
 
 
+def engine_choice(engine_cfg: DictConfig) -> tuple[str, dict]:
+    """The engine kind and its options; `auto` is vllm where it is installed, else hf, with
+    that kind's own `conf/engine/<kind>.yaml` options under the given ones."""
+    kind, options = engine_cfg.kind, engine_cfg.options or {}
+    if kind == "auto":
+        from agent.engines.vllm import vllm_available
+
+        kind = "vllm" if vllm_available() else "hf"
+        options = OmegaConf.merge(OmegaConf.load(CONF / "engine" / f"{kind}.yaml").options, options)
+    return kind, OmegaConf.to_container(options)
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out = Path(cfg.output_dir)
     model_path = prepare_model(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = EngineHandle(make_engine(cfg.engine.kind, model_path, **cfg.engine.options))
+    engine_kind, engine_options = engine_choice(cfg.engine)
+    console.print(f"engine: {engine_kind}" + (" (auto)" if cfg.engine.kind == "auto" else ""))
+    engine = EngineHandle(make_engine(engine_kind, model_path, **engine_options))
     learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
                                        sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)

@@ -28,6 +28,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 16384,
                  memory_fraction: float = 0.15, seed: int = 0, **engine_kwargs):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the run's own
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM
 
@@ -62,4 +63,7 @@ class VLLMEngine:
         if self.tie_word_embeddings and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
             weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        # cached prefixes (the system prompt, a rollout's history) hold keys and values made by
+        # the old weights: reused, they would make the new policy's samples partly the old one's
+        self.llm.reset_prefix_cache()
         self.version = version
