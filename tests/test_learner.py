@@ -80,3 +80,41 @@ def test_save_and_load_round_trip(tiny, tmp_path):
     other.step(BATCH)
     pa, pb = params(learner.policy), params(other.policy)
     assert max((pa[k] - pb[k]).abs().max().item() for k in pa) < 1e-6
+
+
+def test_shard_rows_balances_tokens_and_covers_every_row():
+    from training.distributed import shard_rows
+
+    # longest first, each to the least-loaded rank: 10 -> r0, 8 -> r1, 5 -> r1 (8 < 10), 3 -> r0 (10 < 13)
+    assert shard_rows([5, 10, 3, 8], 0, 2) == [1, 2] and shard_rows([5, 10, 3, 8], 1, 2) == [0, 3]
+    assert shard_rows([5, 10], 0, 1) == [0, 1]
+    assert [shard_rows([4, 4], r, 3) for r in range(3)] == [[0], [1], []]  # a rank may get no rows
+
+
+def _replica(rank, world, init_file, tiny, batch, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    learner = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3), micro_batch_tokens=40)
+    metrics = [learner.step(batch) for _ in range(2)]
+    torch.save({"policy": params(learner.policy), "critic": params(learner.critic), "metrics": metrics}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,batch", [(2, BATCH + [traj(1.0, 3)]), (3, BATCH[:2])], ids=["2ranks", "idle-rank"])
+def test_data_parallel_ranks_step_exactly_as_one_process(tiny, tmp_path, world, batch):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "state"
+    mp.spawn(_replica, args=(world, tmp_path / "init", tiny, batch, str(out)), nprocs=world)
+    one = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3), micro_batch_tokens=40)
+    expected = [one.step(batch) for _ in range(2)]
+    states = [torch.load(f"{out}.{r}") for r in range(world)]
+    for part in ("policy", "critic"):
+        ref = params(one.policy if part == "policy" else one.critic)
+        for state in states:  # every replica equals the one-process learner (so each other)
+            assert max((state[part][k] - ref[k]).abs().max().item() for k in ref) < 1e-5
+    for got, want in zip(states[0]["metrics"], expected):
+        assert got.keys() == want.keys()
+        for k in ("sao/loss", "sao/mask_frac_low", "value/loss", "policy/grad_norm", "value/explained_var"):
+            assert abs(got[k] - want[k]) < 1e-4 * max(1.0, abs(want[k])), k

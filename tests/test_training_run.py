@@ -108,3 +108,20 @@ def test_grpo_and_sync_mode_run_in_the_same_pipeline(tmp_path, docker_client, ov
         assert not (out / "checkpoints" / "step_2" / "critic").exists()
     else:
         assert rows[-1]["staleness/mean"] == 0.0  # sync: every rollout comes from the current policy
+
+
+def test_torchrun_runs_data_parallel_ranks_and_resumes(tmp_path, docker_client):
+    out = tmp_path / "run"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "training.run",
+              "+debug=tiny", "engine=hf", f"output_dir={out}", f"run_id={RUN_ID}",
+              "model.algo_overrides.critic_warmup_steps=0"]
+    r = subprocess.run(launch, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "learner: 2 data-parallel ranks" in r.stderr
+    assert steps(out) == [1, 2]
+    # resumed: rank 0 loads the checkpoint and so must every replica, or their weights part
+    r = subprocess.run(launch + ["trainer.max_steps=3"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "resumed from" in r.stderr and steps(out) == [1, 2, 3]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(row["learner/replica_spread"] == 0.0 for row in rows)

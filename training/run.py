@@ -4,6 +4,8 @@ The story of a run: prepare the model (the embedded tiny one is built and warm-s
 SFT), start the engine, the learner and the sandbox pool, resume from the newest checkpoint
 if there is one, score the held-apart prompts, stream rollouts into the learner until
 `trainer.max_steps`, score the held-apart prompts again, and draw the reward curve.
+Under `torchrun --nproc-per-node N` rank 0 does all of that and the other ranks are
+data-parallel learner replicas (training/distributed.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agent.loop import Agent, AgentConfig
 from envs.base import make_env
 from sandbox.base import Limits
 from sandbox.pool import SandboxPool
+from training import distributed
 from training.checkpoint import Checkpoints, MetricsLog
 from training.orchestrator import EngineHandle, Orchestrator, RunConfig, Source, TaskSampler, evaluate
 from training.plots import plot_rewards
@@ -94,14 +97,30 @@ def engine_choice(engine_cfg: DictConfig) -> tuple[str, dict]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    rank = distributed.init_from_env()  # one process, or a rank under torchrun
     out = Path(cfg.output_dir)
-    model_path = prepare_model(cfg.model)
+    model_path = prepare_model(cfg.model) if rank.is_main else None
+    if rank.world > 1:
+        model_path = distributed.broadcast_object(model_path)
+    learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
+                                       sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
+    if not rank.is_main:
+        return distributed.follow(learner)  # a data-parallel replica: rank 0 runs the rest
+    if rank.world > 1:
+        learner = distributed.LearnerGroup(learner)
+        console.print(f"learner: {rank.world} data-parallel ranks")
+    try:
+        run(cfg, out, model_path, learner)
+    finally:
+        if rank.world > 1:
+            learner.close()
+
+
+def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine_kind, engine_options = engine_choice(cfg.engine)
     console.print(f"engine: {engine_kind}" + (" (auto)" if cfg.engine.kind == "auto" else ""))
     engine = EngineHandle(make_engine(engine_kind, model_path, **engine_options))
-    learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
-                                       sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
                        max_live=cfg.trainer.num_workers + 1)

@@ -1,6 +1,8 @@
 """The torch learner: policy and token-level critic (same architecture, same checkpoint),
 AdamW, gradient clipping, token-budget micro-batches with accumulation, K critic steps per
-policy step, critic-only warm-up, chunked logprobs. One process (CPU or one GPU).
+policy step, critic-only warm-up, chunked logprobs. One process (CPU or one GPU), or one
+replica per rank under torch.distributed (`training/distributed.py`): each rank steps on its
+share of the batch's rows and gradients are summed over ranks.
 
 A step, in order: pack the batch; one no-grad pass for values and pi_old logprobs; the
 algorithm's advantages over the whole batch; K critic updates; then (after warm-up) one
@@ -18,7 +20,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from agent.trajectory import Trajectory
-from training import losses
+from training import distributed, losses
 from training.batch import Batch, micro_batch_rows, pack
 from training.logprobs import token_logprobs
 
@@ -43,6 +45,9 @@ class TorchLearner:
         seed: int = 0,
     ):
         torch.manual_seed(seed)
+        self.dist = distributed.current()
+        if device == "cuda" and self.dist.world > 1:
+            device = f"cuda:{self.dist.local_rank}"
         self.algo = algo
         self.device = device
         self.grad_clip = grad_clip
@@ -88,8 +93,10 @@ class TorchLearner:
     # -- one step ---------------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
         batch = self._to(pack(trajectories, self.pad_id, group_ids))
-        parts = micro_batch_rows(batch, self.micro_batch_tokens)
-        n_sampled = max(batch.num_sampled, 1)
+        # this rank's rows (all of them in one process), in token-budget micro-batches
+        mine = distributed.shard_rows(batch.attention_mask.sum(1).tolist(), self.dist.rank, self.dist.world)
+        parts = [[mine[i] for i in rows] for rows in micro_batch_rows(batch.select(mine), self.micro_batch_tokens)] if mine else []
+        n_sampled = max(batch.num_sampled, 1)  # of the whole batch, on every rank
         B, L = batch.input_ids.shape
         old_logp = torch.zeros(B, L, device=self.device)
         values = torch.zeros(B, L, device=self.device) if self.critic is not None else None
@@ -100,6 +107,11 @@ class TorchLearner:
                 old_logp[torch.tensor(rows), :n] = self._logprobs(mb)
                 if values is not None:
                     values[torch.tensor(rows), :n] = self._values(mb)
+        # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's, so
+        # each rank computes the same advantages
+        distributed.sum_(old_logp)
+        if values is not None:
+            distributed.sum_(values)
         advantages, returns = self.algo.advantages(batch, values)
         metrics = {
             "reward/mean": float(batch.rewards.mean()),
@@ -134,6 +146,8 @@ class TorchLearner:
             loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
             loss.backward()
             _accumulate(acc, m, mb.num_sampled / n_sampled)
+        distributed.sum_gradients(self.critic)
+        acc = distributed.sum_metrics(acc)
         acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
         self.critic_opt.step()
         return dict(acc)
@@ -148,6 +162,8 @@ class TorchLearner:
                                             _rows(old_logp, rows, n), n_sampled)
             loss.backward()
             _accumulate(acc, m, mb.num_sampled / n_sampled)
+        distributed.sum_gradients(self.policy)
+        acc = distributed.sum_metrics(acc)
         acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
         self.policy_opt.step()
         return dict(acc)
