@@ -1,0 +1,33 @@
+"""The benchmarks run and print their side-by-side tables (tiny sizes; numbers are not
+asserted: speed and memory are measured in BENCHMARKS.md, not in tests)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_logprobs_memory_benchmark_prints_both_ways():
+    r = run("benchmarks.logprobs_memory", "--tokens", "256", "--vocab", "2048", "--hidden", "32", "--chunk", "64")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "naive MB" in r.stdout and "chunked MB" in r.stdout and "memory ratio" in r.stdout
+    assert "│    256 │" in r.stdout
+
+
+@pytest.mark.docker
+def test_async_vs_sync_benchmark_runs_both_modes(docker_client):
+    r = run("benchmarks.async_vs_sync", "--steps", "2", "--batch-size", "2", "--engine", "hf", "+debug=tiny")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cells = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(cells) == {"async", "sync"}
+    for mode in cells.values():
+        assert mode["rollouts_per_s"] > 0 and 0 <= mode["learner_idle_frac"] <= 1
+    assert "async / sync" in r.stdout
