@@ -31,3 +31,9 @@ def test_async_vs_sync_benchmark_runs_both_modes(docker_client):
     for mode in cells.values():
         assert mode["rollouts_per_s"] > 0 and 0 <= mode["learner_idle_frac"] <= 1
     assert "async / sync" in r.stdout
+
+
+def test_engine_batching_benchmark_prints_both_ways():
+    r = run("benchmarks.engine_batching", "--engine", "hf", "--threads", "2", "--requests", "1", "--tokens", "4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "one at a time tok/s" in r.stdout and "batched / one at a time" in r.stdout

@@ -79,3 +79,15 @@ def test_no_prefix_cached_under_old_weights_survives_an_update(engine, tiny):
     engine.update_weights(other.state_dict().items(), version=6)
     c = engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=3))
     assert (hf_logprobs(other, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE
+
+
+def test_a_batch_decodes_each_request_with_its_own_seed(engine, tiny):
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    engine.update_weights(model.state_dict().items(), version=7)
+    requests = [([5, 6, 7], SamplingParams(max_new_tokens=12, seed=s)) for s in (1, 2)] + \
+               [([9, 10], SamplingParams(max_new_tokens=5, seed=1))]
+    batch = engine.generate_batch(requests)
+    assert [len(c.token_ids) for c in batch] == [12, 12, 5]
+    for (prompt, sampling), c in zip(requests, batch):
+        assert engine.generate(prompt, sampling).token_ids == c.token_ids  # alone or batched, same sample
+        assert (hf_logprobs(model, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE

@@ -14,12 +14,11 @@ import asyncio
 import contextlib
 import logging
 import random
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agent.engines.base import Completion, SamplingParams
+from agent.engines.shared import SharedEngine
 from agent.loop import Agent
 from agent.rollout import rollout_and_grade
 from agent.trajectory import Trajectory
@@ -28,32 +27,6 @@ from sandbox.pool import SandboxPool
 from training.buffer import RolloutStream
 
 log = logging.getLogger(__name__)
-
-
-class EngineHandle:
-    """The engine shared by the rollout threads: calls are serialised with weight updates,
-    and busy time is measured (for `time/engine_idle_frac`)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self._lock = threading.Lock()
-        self.busy_s = 0.0
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        with self._lock:
-            t0 = time.monotonic()
-            try:
-                return self.engine.generate(prompt_ids, sampling)
-            finally:
-                self.busy_s += time.monotonic() - t0
-
-    def update_weights(self, named_tensors, version: int) -> None:
-        with self._lock:
-            self.engine.update_weights(named_tensors, version)
 
 
 @dataclass
@@ -122,7 +95,7 @@ class RunConfig:
 
 
 class Orchestrator:
-    def __init__(self, cfg: RunConfig, sampler: TaskSampler, pool: SandboxPool, engine: EngineHandle, learner,
+    def __init__(self, cfg: RunConfig, sampler: TaskSampler, pool: SandboxPool, engine: SharedEngine, learner,
                  on_step: Callable[[int, dict, list[Trajectory]], None], start_step: int = 0,
                  stream: RolloutStream | None = None):
         if cfg.batch_size % cfg.group_size:
@@ -216,6 +189,7 @@ class Orchestrator:
             "rollout/errors": float(self.rollout_errors),
             "rollout/turns_mean": sum(t.turns for t in batch) / len(batch),
             "engine/version": float(self.engine.version),
+            "engine/batch_size_mean": self.engine.requests / max(self.engine.batches, 1),  # requests decoded together
         })
         for reason in ("submitted", "max_turns", "context_full", "timeout", "format_errors", "sandbox_error"):
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)

@@ -24,13 +24,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import AutoTokenizer
 
 from agent.engines import make_engine
+from agent.engines.shared import SharedEngine
 from agent.loop import Agent, AgentConfig
 from envs.base import make_env
 from sandbox.base import Limits
 from sandbox.pool import SandboxPool
 from training import distributed
 from training.checkpoint import Checkpoints, MetricsLog
-from training.orchestrator import EngineHandle, Orchestrator, RunConfig, Source, TaskSampler, evaluate
+from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler, evaluate
 from training.plots import plot_rewards
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -120,7 +121,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine_kind, engine_options = engine_choice(cfg.engine)
     console.print(f"engine: {engine_kind}" + (" (auto)" if cfg.engine.kind == "auto" else ""))
-    engine = EngineHandle(make_engine(engine_kind, model_path, **engine_options))
+    engine = SharedEngine(make_engine(engine_kind, model_path, **engine_options))
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
                        max_live=cfg.trainer.num_workers + 1)

@@ -8,12 +8,23 @@ it sampled from, as the HF engine reports them. The engine runs in this process
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable
 
 import torch
 
 from agent.engines.base import Completion, SamplingParams
+
+
+# warnings vLLM's CPU backend repeats on every call that say nothing is wrong: the thread count
+# it already fixed, and the rotary embedding (no weights; its tables are computed) on a reload
+KNOWN_NOISE = ("doesn't allow to use `torch.set_num_threads`", "RotaryEmbedding: Failed to load weights")
+
+
+class _DropKnownNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in KNOWN_NOISE)
 
 
 def vllm_available() -> bool:
@@ -40,17 +51,27 @@ class VLLMEngine:
         self.tie_word_embeddings = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                                 "tie_word_embeddings", False))
         self.version = 0
+        for handler in logging.getLogger("vllm").handlers:
+            handler.addFilter(_DropKnownNoise())
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        return self.generate_batch([(prompt_ids, sampling)])[0]
+
+    def generate_batch(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Completion]:
+        """Several prompts decoded side by side, each with its own sampling (and seed)."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = VSamplingParams(
-            max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids), logprobs=0,
-        )
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
-        seq = out[0].outputs[0]
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids, _ in requests]
+        params = [
+            VSamplingParams(max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed,
+                            stop_token_ids=list(s.stop_token_ids), logprobs=0)
+            for _, s in requests
+        ]
+        return [self._completion(out.outputs[0]) for out in self.llm.generate(prompts, params, use_tqdm=False)]
+
+    @staticmethod
+    def _completion(seq) -> Completion:
         token_ids = list(seq.token_ids)
         logprobs = [float(step[tok].logprob) for step, tok in zip(seq.logprobs, token_ids)]
         return Completion(token_ids, logprobs, "stop" if seq.finish_reason == "stop" else "length")
