@@ -95,7 +95,16 @@ class SWEEnv:
         self.prompt_template = Path(prompt_file or PROMPT_FILE).read_text()
 
     def image_for(self, task: Task) -> str:
-        return task.image or self.default_image
+        """The row's own image (swebench 5 datasets carry one); the sandbox base image for a task
+        whose repository is a local path (copied in); else swebench's instance image name
+        (`swebench/sweb.eval.x86_64.<id, "__" -> "_1776_">:latest`), which has the repo inside."""
+        if task.image:
+            return task.image
+        if task.repo_path:
+            return self.default_image
+        from swebench.task.checks import expected_image
+
+        return expected_image(task.instance_id)
 
     def reset(self, task: Task, sandbox: Sandbox) -> str:
         """Put the repository at `task.base_commit` in the sandbox's workdir; return the prompt."""
@@ -153,6 +162,13 @@ class SWEEnv:
         elif r.oom_killed:
             result.error = "tests were killed: out of memory"
         return self._finish(result, task, patch, start, spec)
+
+    def read_log(self, task: Task, log: str, patch: str) -> GradeResult:
+        """The grade of a test log already made (the patch applied, the tests run): swebench's
+        report and status map, as `grade` returns them."""
+        result = GradeResult(task.instance_id, resolved=False, patch_applied=True, empty_patch=not patch.strip())
+        result.log = log
+        return self._finish(result, task, patch, time.monotonic())
 
     def _finish(self, result: GradeResult, task: Task, patch: str, start: float, spec=None) -> GradeResult:
         spec = spec or test_spec_for(task)

@@ -47,6 +47,35 @@ def image_exists(tag: str) -> bool:
         return False
 
 
+def pull_image(name: str, docker_client=None, show_progress: bool = True) -> None:
+    """Pull `name` with a progress bar (bytes over all layers). Raises SandboxError naming the
+    image and how to provide it when no registry answers (this is the usual case offline)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    api = (docker_client or client()).api
+    repository, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "latest")
+    layers: dict[str, tuple[int, int]] = {}
+    try:
+        with Progress(TextColumn(f"pulling {name}"), BarColumn(), DownloadColumn(), console=console,
+                      disable=not show_progress, transient=True) as progress:
+            bar = progress.add_task("pull", total=None)
+            for event in api.pull(repository, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    raise docker.errors.APIError(event["error"])
+                detail = event.get("progressDetail") or {}
+                if event.get("id") and detail.get("total"):
+                    layers[event["id"]] = (detail.get("current", 0), detail["total"])
+                    progress.update(bar, completed=sum(c for c, _ in layers.values()),
+                                    total=sum(t for _, t in layers.values()))
+    except (docker.errors.APIError, docker.errors.DockerException) as e:
+        raise SandboxError(
+            f"image {name!r} is not on this Docker engine and could not be pulled ({str(e).strip()[:300]}). "
+            f"Provide it: `docker pull {name}` where a registry is reachable (then `docker save` / "
+            f"`docker load` to carry it here), or build it with swebench's harness "
+            f"(`python -m swebench.image_builder.prepare_images`); the built-in tasks use `python -m sandbox.images`."
+        ) from e
+
+
 def build_base_image(tag: str = DEFAULT_IMAGE, mirror: str = DEFAULT_MIRROR, suite: str = "bookworm") -> str:
     """Build the base image with debootstrap + docker import; returns the tag."""
     if shutil.which("debootstrap") is None:

@@ -28,6 +28,8 @@ class SandboxPool:
         self.limits = limits
         self.retries = retries
         self._slots = threading.BoundedSemaphore(max_live)
+        self._images: dict[str, SandboxError | None] = {}  # image -> None (here) or why it is not
+        self._images_lock = threading.Lock()
         self._client: docker.DockerClient = client()
         removed = sweep(docker_client=self._client)
         if removed:
@@ -36,12 +38,35 @@ class SandboxPool:
     @contextlib.contextmanager
     def sandbox(self, image: str) -> Iterator[DockerSandbox]:
         """A fresh sandbox from `image`, removed when the block ends, however it ends."""
+        self.ensure_image(image)
         with self._slots:
             sb = self._start(image)
             try:
                 yield sb
             finally:
                 sb.close()
+
+    def ensure_image(self, image: str) -> None:
+        """Pull `image` (with progress) the first time it is asked for and is missing; a failed
+        pull is remembered, so every later task on that image fails at once with the reason."""
+        with self._images_lock:
+            if image not in self._images:
+                try:
+                    self._client.images.get(image)
+                    self._images[image] = None
+                except docker.errors.ImageNotFound:
+                    from sandbox.images import pull_image
+
+                    try:
+                        pull_image(image, self._client)
+                        self._images[image] = None
+                    except SandboxError as e:
+                        self._images[image] = e
+                except docker.errors.APIError as e:
+                    raise SandboxError(f"cannot ask the Docker engine about image {image!r}: {e}") from e
+            error = self._images[image]
+        if error is not None:
+            raise SandboxError(str(error))
 
     def _start(self, image: str) -> DockerSandbox:
         for attempt in range(self.retries + 1):
