@@ -1,10 +1,12 @@
-"""Grade SWE-bench-format predictions in Docker sandboxes and write swebench's reports.
+"""Evaluate a checkpoint on SWE-bench (Verified by default), or grade a predictions file.
 
-    python -m eval.swebench --dataset FILE|builtin|HUB_NAME --predictions FILE|gold \\
-        --run-id ID --output DIR [--max-workers N] [--instance-ids ID ...]
+    python -m eval.swebench --ckpt PATH [--dataset NAME|FILE|builtin] [--runs N] [--max-turns 50]
+        [--engine auto|vllm|hf] [--max-workers N] [--instance-ids ID ...] [--resume] --output DIR
+    python -m eval.swebench --predictions FILE|gold [--dataset ...] --output DIR
 
-Running the agent from a checkpoint (`--ckpt PATH`) is the same command with the agent's
-predictions in place of `--predictions`; it arrives with the agent.
+With `--ckpt` the agent runs once per instance and run in sandboxes, its diffs become
+`predictions.jsonl` (swebench's format), each is graded as swebench grades, and the report
+gives pass@1 over the runs with a 95% interval (`report.json`, `report.md`, `report.png`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from envs.base import make_env
+from envs.base import Task, make_env
 from envs.data import DatasetError, load_tasks
 from eval.grading import PredictionsError, grade_all, load_predictions
 from eval.report import print_summary, run_report
@@ -27,28 +29,140 @@ from sandbox.pool import SandboxPool
 
 # a log file is not a terminal: rich would assume 80 columns and cut the table's headers
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
+DEFAULT_DATASET = "SWE-bench/SWE-bench_Verified"
+log = logging.getLogger("eval.swebench")
+
+
+class UsageError(ValueError):
+    """Bad input the user can fix; the message says which and why."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.swebench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default="builtin",
-                   help="builtin (the shipped tasks), a .json/.jsonl/.parquet file, or a hub dataset name")
+    p.add_argument("--dataset", default=DEFAULT_DATASET,
+                   help=f"a hub dataset (default {DEFAULT_DATASET}), a .json/.jsonl/.parquet file, or builtin")
     p.add_argument("--split", default="test")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--predictions", help="swebench predictions (.json/.jsonl), or 'gold' for the gold patches")
-    src.add_argument("--ckpt", help="an HF checkpoint to run the agent with (needs the agent package)")
+    src.add_argument("--ckpt", help="the model to run the agent with: an HF model directory, a training.run "
+                                    "checkpoint (checkpoints/step_N: its policy/ is used), a training output "
+                                    "directory (its newest checkpoint), or a hub name")
     p.add_argument("--run-id", default="eval")
     p.add_argument("--output", type=Path, default=None, help="default: outputs/eval/<run-id>")
-    p.add_argument("--max-workers", type=int, default=2)
+    p.add_argument("--max-workers", type=int, default=2, help="instances at once")
     p.add_argument("--instance-ids", nargs="+", default=None)
     p.add_argument("--test-timeout", type=float, default=600.0, help="seconds for one run of a task's tests")
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb)
+    agent = p.add_argument_group("the agent (with --ckpt)")
+    agent.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vllm where installed")
+    agent.add_argument("--runs", type=int, default=1, help="runs per instance; pass@1 is averaged over them")
+    agent.add_argument("--max-turns", type=int, default=50, help="the paper's coding runs use up to 300")
+    agent.add_argument("--max-tokens", type=int, default=None,
+                       help="the whole context of one rollout (default: the model's max_position_embeddings)")
+    agent.add_argument("--max-new-tokens", type=int, default=4096, help="one assistant turn")
+    agent.add_argument("--rollout-timeout", type=float, default=3600.0, help="wall seconds for one rollout")
+    agent.add_argument("--temperature", type=float, default=1.0)
+    agent.add_argument("--top-p", type=float, default=1.0)
+    agent.add_argument("--seed", type=int, default=0)
+    agent.add_argument("--resume", action="store_true", help="keep the finished rollouts in --output, run the rest")
+    agent.add_argument("--overwrite", action="store_true", help="remove an earlier evaluation in --output first")
     args = p.parse_args(argv)
-    if args.ckpt:
-        p.error("--ckpt runs the agent, which this checkout does not have yet; grade a predictions file instead")
-    if args.max_workers < 1:
-        p.error(f"--max-workers must be at least 1, got {args.max_workers}")
+    for name in ("max_workers", "runs", "max_turns", "max_tokens", "max_new_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite exclude each other")
     return args
+
+
+def resolve_checkpoint(ckpt: str) -> str:
+    """The HF model directory `ckpt` names: itself, its `policy/` (a training checkpoint), or
+    the newest `checkpoints/step_N/policy` of a training output directory; a path that does not
+    exist and looks like `owner/name` is taken as a hub name."""
+    path = Path(ckpt)
+    if not path.exists():
+        if ckpt.startswith((".", "/", "~")) or ckpt.count("/") != 1:
+            raise UsageError(f"--ckpt {ckpt}: no such directory (and not a hub name like owner/model)")
+        return ckpt
+    steps = sorted((p for p in [*path.glob("step_*"), *path.glob("checkpoints/step_*")] if p.name[5:].isdigit()),
+                   key=lambda p: int(p.name[5:]))
+    for candidate in (path / "policy", path, *(s / "policy" for s in reversed(steps))):
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    raise UsageError(f"--ckpt {ckpt}: no config.json there, in {path / 'policy'} or in a checkpoints/step_N/policy; "
+                     "pass an HF model directory or a training checkpoint (checkpoints/step_N)")
+
+
+def context_length(model: str, asked: int | None) -> int:
+    """--max-tokens, or the model's own context (max_position_embeddings) when not given."""
+    if asked is not None:
+        return asked
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 32768))
+
+
+def warn_about_eval_scripts(tasks: list[Task]) -> None:
+    """A hub row without swebench 5's `eval_script` is graded by pytest over its test files,
+    which is not the repository's own test command (django's runtests.py, say)."""
+    bare = [t.instance_id for t in tasks if not t.repo_path and not t.eval_script and not t.test_cmd]
+    if bare:
+        log.warning("%d instance(s) have no eval_script or test_cmd (e.g. %s): graded with pytest over their "
+                    "test files, which may not be the repository's test command; use a swebench 5 dataset "
+                    "export that carries eval_script", len(bare), bare[0])
+
+
+def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: SandboxPool, out: Path) -> dict:
+    """The story of `--ckpt`: the model, the output directory, the engine and agent, the
+    rollouts with their grades, the reports."""
+    from agent.engines import make_engine
+    from agent.engines.shared import SharedEngine
+    from agent.loop import Agent, AgentConfig
+    from eval.agent_eval import OutputError, evaluate_agent, prepare_output
+    from eval.report import write_agent_reports
+
+    model = resolve_checkpoint(args.ckpt)
+    try:
+        max_tokens = context_length(model, args.max_tokens)
+    except OSError as e:  # a hub name without the hub, an unreadable config.json
+        raise UsageError(f"--ckpt {args.ckpt}: cannot read the model's config ({e})") from e
+    settings = {"model": model, "dataset": args.dataset, "split": args.split, "max_turns": args.max_turns,
+                "max_tokens": max_tokens, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                "top_p": args.top_p, "seed": args.seed}
+    try:
+        prepare_output(out, settings, args.resume, args.overwrite)
+    except OutputError as e:
+        raise UsageError(str(e)) from e
+    kind = args.engine
+    if kind == "auto":
+        from agent.engines.vllm import vllm_available
+
+        kind = "vllm" if vllm_available() else "hf"
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        engine = SharedEngine(make_engine(kind, model, **({"max_model_len": max_tokens} if kind == "vllm" else {})))
+    except Exception as e:  # a broken directory, no vLLM, a context longer than the model's
+        raise UsageError(f"--ckpt {args.ckpt}: cannot load {model} on engine {kind} ({type(e).__name__}: {e})") from e
+    console.print(f"agent: {model} on {kind}, {len(tasks)} instance(s) x {args.runs} run(s), "
+                  f"up to {args.max_turns} turns and {max_tokens} tokens -> {out}")
+    config = AgentConfig(max_turns=args.max_turns, max_tokens=max_tokens, max_new_tokens=args.max_new_tokens,
+                         wall_time_s=args.rollout_timeout, temperature=args.temperature, top_p=args.top_p)
+    records = evaluate_agent(Agent(engine, tokenizer, config), tasks, env, pool, out, runs=args.runs,
+                             max_workers=args.max_workers, resume=args.resume, seed=args.seed, model_name=model)
+    return write_agent_reports(records, tasks, out, model, args.dataset, console)
+
+
+def grade_predictions(args: argparse.Namespace, tasks: list[Task], predictions: dict, env, pool: SandboxPool,
+                      out: Path) -> dict:
+    """The story of `--predictions`: grade each, write swebench's run report, print the table."""
+    console.print(f"grading {len(predictions)} prediction(s) for {len(tasks)} instance(s) -> {out}")
+    outcomes = grade_all(tasks, predictions, env, pool, out, args.max_workers)
+    report = run_report(tasks, predictions, outcomes)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    print_summary(report, tasks, outcomes, console)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,22 +170,27 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     out = args.output or Path("outputs") / "eval" / args.run_id
     try:
+        if args.ckpt:
+            resolve_checkpoint(args.ckpt)  # a wrong path is named before the dataset loads
         tasks = load_tasks(args.dataset, args.split, args.instance_ids)
-        predictions = load_predictions(args.predictions, tasks)
+        predictions = load_predictions(args.predictions, tasks) if args.predictions else None
+        warn_about_eval_scripts(tasks)
         env = make_env("swe", test_timeout_s=args.test_timeout)
         pool = SandboxPool(args.run_id, Limits(memory_mb=args.memory_mb), max_live=args.max_workers)
-    except (DatasetError, PredictionsError, SandboxError) as e:
+    except (DatasetError, PredictionsError, SandboxError, UsageError) as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return 2
-    console.print(f"grading {len(predictions)} prediction(s) for {len(tasks)} instance(s) -> {out}")
     try:
-        outcomes = grade_all(tasks, predictions, env, pool, out, args.max_workers)
+        if args.ckpt:
+            evaluate_checkpoint(args, tasks, env, pool, out)
+        else:
+            grade_predictions(args, tasks, predictions, env, pool, out)
+    except UsageError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        return 2
     finally:
         pool.close()
-    report = run_report(tasks, predictions, outcomes)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    print_summary(report, tasks, outcomes, console)
-    console.print(f"report: {out / 'report.json'}")
+    console.print(f"report: {out / 'report.json'}" + (f", {out / 'report.md'}" if args.ckpt else ""))
     return 0
 
 
