@@ -162,18 +162,24 @@ def evaluate_agent(agent: Agent, tasks: list[Task], env: Env, pool: SandboxPool,
                TextColumn("resolved {task.fields[resolved]}  errors {task.fields[errors]}")]
     resolved = sum(r.status == "resolved" for r in done.values())
     errors = sum(r.status == "error" for r in done.values())
-    with Progress(*columns) as progress, ThreadPoolExecutor(max_workers) as executor:
-        bar = progress.add_task("rollouts", total=runs * len(tasks), completed=len(done),
-                                resolved=resolved, errors=errors)
-        futures = [executor.submit(run_job, agent, t, env, pool, out, k, seed, model_name) for k, t in todo]
-        for fut in as_completed(futures):
-            r = fut.result()
-            done[(r.run, r.instance_id)] = r
-            resolved += r.status == "resolved"
-            errors += r.status == "error"
-            if r.status == "error":
-                progress.console.print(f"error run {r.run} {r.instance_id}: {r.error}", markup=False, soft_wrap=True)
-            progress.update(bar, advance=1, resolved=resolved, errors=errors)
+    executor = ThreadPoolExecutor(max_workers)
+    try:
+        with Progress(*columns) as progress:
+            bar = progress.add_task("rollouts", total=runs * len(tasks), completed=len(done),
+                                    resolved=resolved, errors=errors)
+            futures = [executor.submit(run_job, agent, t, env, pool, out, k, seed, model_name) for k, t in todo]
+            for fut in as_completed(futures):
+                r = fut.result()
+                done[(r.run, r.instance_id)] = r
+                resolved += r.status == "resolved"
+                errors += r.status == "error"
+                if r.status == "error":
+                    progress.console.print(f"error run {r.run} {r.instance_id}: {r.error}", markup=False,
+                                           soft_wrap=True)
+                progress.update(bar, advance=1, resolved=resolved, errors=errors)
+    finally:
+        # on Ctrl-C the jobs not started are dropped; running ones finish and are kept for --resume
+        executor.shutdown(wait=True, cancel_futures=True)
     return [[done[(k, t.instance_id)] for t in tasks] for k in range(runs)]
 
 

@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return 2
+    except KeyboardInterrupt:
+        kept = " (the finished rollouts are kept: the same command with --resume runs the rest)" if args.ckpt else ""
+        console.print(f"interrupted{kept}")
+        return 130
     finally:
         pool.close()
     console.print(f"report: {out / 'report.json'}" + (f", {out / 'report.md'}" if args.ckpt else ""))

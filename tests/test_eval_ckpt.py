@@ -77,7 +77,7 @@ class Scripted:
         self.version = version
 
 
-def evaluate(engine, tokenizer, tasks, out, runs=1, resume=False):
+def evaluate(engine, tokenizer, tasks, out, runs=1, resume=False, max_workers=2):
     """The CLI's path after the engine is made (`evaluate_checkpoint`), with `engine` in its place."""
     from rich.console import Console
 
@@ -91,7 +91,7 @@ def evaluate(engine, tokenizer, tasks, out, runs=1, resume=False):
     agent = Agent(SharedEngine(engine), tokenizer, AgentConfig(max_turns=4, max_new_tokens=2048))
     pool = SandboxPool(RUN_ID, max_live=2)
     try:
-        records = evaluate_agent(agent, tasks, make_env("swe"), pool, out, runs=runs, max_workers=2,
+        records = evaluate_agent(agent, tasks, make_env("swe"), pool, out, runs=runs, max_workers=max_workers,
                                  resume=resume, model_name="scripted")
         return write_agent_reports(records, tasks, out, "scripted", "builtin", Console(stderr=True))
     finally:
@@ -108,6 +108,15 @@ def test_gold_engine_resolves_every_instance(tmp_path, docker_client, tokenizer,
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [p["instance_id"] for p in predictions] == IDS and all(p["model_patch"].strip() for p in predictions)
     assert {"instance_id", "model_name_or_path", "model_patch"} == set(predictions[0])
+    from swebench.harness.utils import get_predictions_from_file
+
+    assert get_predictions_from_file(str(out / "predictions.jsonl"), "unused", "test") == predictions
+    # the predictions regrade to the same verdict through the --predictions path
+    from eval.swebench import main
+
+    assert main(["--dataset", "builtin", "--instance-ids", *IDS, "--predictions", str(out / "predictions.jsonl"),
+                 "--run-id", RUN_ID, "--output", str(tmp_path / "regrade")]) == 0
+    assert json.loads((tmp_path / "regrade" / "report.json").read_text())["resolved_ids"] == sorted(IDS)
     for iid in IDS:
         inst = out / "run_0" / iid
         assert json.loads((inst / "result.json").read_text())["status"] == "resolved"
@@ -138,6 +147,27 @@ def test_missing_image_is_an_error_with_its_name_and_the_run_goes_on(tmp_path, d
     assert report["error_ids"] == ["nope__x-1"] and report["resolved_ids"] == [tasks[0].instance_id]
     reason = report["error_reasons"]["nope__x-1"]
     assert "swebench/sweb.eval.x86_64.nope_1776_x-1:latest" in reason and "docker pull" in reason
+
+
+class Failing(Scripted):
+    """The gold engine, except that it fails on the first task (as an engine can: a request
+    too long, a device fault)."""
+
+    def generate(self, prompt_ids, sampling):
+        if self.tasks[0].problem_statement.strip()[:200] in self.tokenizer.decode(prompt_ids):
+            raise RuntimeError("engine fault on purpose")
+        return super().generate(prompt_ids, sampling)
+
+
+@pytest.mark.docker
+def test_engine_error_is_recorded_and_the_run_goes_on(tmp_path, docker_client, tokenizer, tasks):
+    out = tmp_path / "failing"
+    # one worker: the shared engine fails every request of a batch together, and this test is about one
+    report = evaluate(Failing(tokenizer, tasks[:2], gold=True), tokenizer, tasks[:2], out, max_workers=1)
+    assert report["error_ids"] == [IDS[0]] and report["resolved_ids"] == [IDS[1]]
+    assert report["error_reasons"][IDS[0]] == "RuntimeError: engine fault on purpose"
+    assert "engine fault on purpose" in (out / "run_0" / IDS[0] / "error.txt").read_text()
+    assert report["resolved_rate"] == 0.5 and "## Errors" in (out / "report.md").read_text()
 
 
 @pytest.mark.docker
