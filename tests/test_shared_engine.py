@@ -109,3 +109,14 @@ def test_batch_size_bound(n):
     shared = SharedEngine(echo, max_batch=n)
     call_all(shared, list(range(9)))
     assert max(echo.batch_sizes) <= n
+
+
+def test_without_batching_an_error_is_only_its_own_requests():
+    class Picky(Serial):
+        def generate(self, prompt_ids, sampling):
+            if prompt_ids[0] == 2:
+                raise RuntimeError("bad prompt")
+            return super().generate(prompt_ids, sampling)
+
+    results, errors = call_all(SharedEngine(Picky()), list(range(6)))
+    assert set(errors) == {2} and set(results) == {0, 1, 3, 4, 5}

@@ -62,14 +62,19 @@ class SharedEngine:
         t0 = time.monotonic()
         try:
             if hasattr(self.engine, "generate_batch") and len(batch) > 1:
-                results = self.engine.generate_batch([(r.prompt_ids, r.sampling) for r in batch])
+                try:
+                    results = self.engine.generate_batch([(r.prompt_ids, r.sampling) for r in batch])
+                    for r, c in zip(batch, results):
+                        r.result = c
+                except BaseException as e:  # one call for all: every waiter hears of it
+                    for r in batch:
+                        r.error = e
             else:
-                results = [self.engine.generate(r.prompt_ids, r.sampling) for r in batch]
-            for r, c in zip(batch, results):
-                r.result = c
-        except BaseException as e:  # every waiter hears of it, not just the one that ran it
-            for r in batch:
-                r.error = e
+                for r in batch:  # one call each: an error is that request's alone
+                    try:
+                        r.result = self.engine.generate(r.prompt_ids, r.sampling)
+                    except BaseException as e:
+                        r.error = e
         finally:
             self.busy_s += time.monotonic() - t0
             self.requests += len(batch)

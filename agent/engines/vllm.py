@@ -17,6 +17,9 @@ import torch
 from agent.engines.base import Completion, SamplingParams
 
 
+# vLLM's INFO lines (import-time ones included) would bury a run's own; set before any import
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
 # warnings vLLM's CPU backend repeats on every call that say nothing is wrong: the thread count
 # it already fixed, and the rotary embedding (no weights; its tables are computed) on a reload
 KNOWN_NOISE = ("doesn't allow to use `torch.set_num_threads`", "RotaryEmbedding: Failed to load weights")
@@ -39,7 +42,6 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 16384,
                  memory_fraction: float = 0.15, seed: int = 0, **engine_kwargs):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the run's own
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM
 
