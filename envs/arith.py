@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Callable
 
 from agent.tools import ANSWER_FILE
 from envs.base import GradeResult, Task, register_env
@@ -34,6 +35,22 @@ def make_arith_tasks(n: int, seed: int = 0, max_operand: int = 9, ops: str = "+"
     return tasks
 
 
+def grade_answer(task: Task, sandbox: Sandbox, expected: Callable[[], str]) -> GradeResult:
+    """Resolved when the value the `answer` tool wrote equals `expected()` (called once, after
+    the answer is read; no answer file: unresolved, an empty patch). Shared by the answer envs."""
+    start = time.monotonic()
+    try:
+        given = sandbox.read_file(ANSWER_FILE).strip()
+    except FileNotFoundError:
+        given = None
+    want = expected()
+    resolved = given == want
+    return GradeResult(task.instance_id, resolved=resolved, patch_applied=True,
+                       tests_status={"answer": "PASSED" if resolved else "FAILED"},
+                       report={"expected": want, "given": given}, empty_patch=given is None,
+                       duration_s=time.monotonic() - start)
+
+
 @register_env("arith")
 class ArithEnv:
     tools = ("answer",)
@@ -49,16 +66,4 @@ class ArithEnv:
         return task.problem_statement
 
     def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult:
-        start = time.monotonic()
-        try:
-            given = sandbox.read_file(ANSWER_FILE).strip()
-        except FileNotFoundError:
-            given = None
-        expected = task.extra["answer"]
-        resolved = given == expected
-        status = "PASSED" if resolved else "FAILED"
-        return GradeResult(
-            task.instance_id, resolved=resolved, patch_applied=True, tests_status={"answer": status},
-            report={"expected": expected, "given": given}, empty_patch=given is None,
-            duration_s=time.monotonic() - start,
-        )
+        return grade_answer(task, sandbox, lambda: task.extra["answer"])

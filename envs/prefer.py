@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
-from agent.tools import ANSWER_FILE
+from envs.arith import grade_answer
 from envs.base import GradeResult, Task, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
@@ -53,16 +52,11 @@ class PreferEnv:
         return self.preferred[phase % len(self.preferred)]
 
     def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult:
-        start = time.monotonic()
-        try:
-            given = sandbox.read_file(ANSWER_FILE).strip()
-        except FileNotFoundError:
-            given = None
+        return grade_answer(task, sandbox, self._next_expected)
+
+    def _next_expected(self) -> str:
+        """The digit this grading rewards; each grading counts towards the next switch."""
         with self._lock:
             expected = self.current()
             self._graded += 1
-        resolved = given == expected
-        return GradeResult(task.instance_id, resolved=resolved, patch_applied=True,
-                           tests_status={"answer": "PASSED" if resolved else "FAILED"},
-                           report={"expected": expected, "given": given}, empty_patch=given is None,
-                           duration_s=time.monotonic() - start)
+        return expected

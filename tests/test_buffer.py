@@ -98,3 +98,19 @@ def test_state_round_trip_keeps_queued_rollouts():
     restored, names = asyncio.run(main())
     assert names == ["b", "c"] and restored.consumed_ids == {"a", "b", "c"}
     assert restored.counts["pushed"] == 3 and restored.staleness_hist[1] == 3
+
+
+def test_metrics_give_the_batch_staleness_histogram_and_queue_depth():
+    async def main():
+        s = RolloutStream(max_staleness=2, stale_policy="keep")
+        for name, v in (("v5", 5), ("v4", 4), ("v4b", 4), ("v0", 0), ("queued", 5)):
+            await s.reserve()
+            await s.push(traj(name, v))
+        batch = await s.take(current_version=5, count=4)
+        return s.metrics(batch, current_version=5)
+
+    m = asyncio.run(main())
+    # staleness 0, 1, 1 and 5 (kept past the bound of 2); one rollout still queued, in flight
+    assert (m["staleness/hist_0"], m["staleness/hist_1"], m["staleness/hist_2"], m["staleness/hist_over"]) == (1, 2, 0, 1)
+    assert m["staleness/mean"] == (0 + 1 + 1 + 5) / 4 and m["staleness/max"] == 5
+    assert m["stream/queue_depth"] == 1 and m["stream/in_flight"] == 1 and m["stream/kept_stale"] == 1

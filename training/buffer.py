@@ -108,10 +108,16 @@ class RolloutStream:
         return sum(len(g) for g in self._queue)
 
     def metrics(self, batch: list[Trajectory], current_version: int) -> dict[str, float]:
+        """This batch's staleness (mean, max, and a histogram: `staleness/hist_k` rollouts k
+        versions old for k up to the bound, `staleness/hist_over` for kept ones past it), the
+        queue depth, rollouts in flight, and the stale counters so far."""
         values = [staleness(t, current_version) for t in batch]
+        hist = {f"staleness/hist_{k}": float(values.count(k)) for k in range(self.max_staleness + 1)}
+        hist["staleness/hist_over"] = float(sum(v > self.max_staleness for v in values))
         return {
             "staleness/mean": sum(values) / len(values) if values else 0.0,
             "staleness/max": float(max(values, default=0)),
+            **hist,
             "stream/queue_depth": float(self.depth),
             "stream/in_flight": float(self._in_flight),
             "stream/dropped_stale": float(self.counts["dropped_stale"]),
