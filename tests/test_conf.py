@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from envs.base import make_env, registered_envs
+from training.config import ConfigError, check
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
@@ -66,3 +67,30 @@ def test_grpo_switch():
 def test_unknown_env_is_a_clear_error():
     with pytest.raises(KeyError, match="no env named 'nope'"):
         make_env("nope")
+
+
+@pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("+experiment=swe_verified",), ("+debug=tiny",),
+                                       ("+debug=learn",), ("trainer.mode=sync", "engine=hf")])
+def test_shipped_configs_pass_the_checks(overrides):
+    check(composed(*overrides))
+
+
+@pytest.mark.parametrize("overrides,named", [
+    (["trainer.mode=asnyc"], "trainer.mode = 'asnyc'"),
+    (["trainer.stale_policy=forget"], "trainer.stale_policy = 'forget'"),
+    (["trainer.batch_size=0"], "trainer.batch_size = 0"),
+    (["algo=grpo", "trainer.batch_size=12"], "trainer.batch_size = 12: must be a multiple of trainer.group_size (8)"),
+    (["algo.eps_low=1.5"], "algo.eps_low = 1.5"),
+    (["algo.critic_steps=-1"], "algo.critic_steps = -1"),
+    (["model.path=/no/such/model"], "model.path = '/no/such/model'"),
+    (["agent.max_turns=0"], "agent.max_turns = 0"),
+    (["+agent.max_turn=3"], "agent.max_turn = 3: not an agent setting"),
+    (["sources.0.env=nosuch"], "sources[0] (prefer).env = 'nosuch': no conf/env/nosuch.yaml"),
+    (["sources.1.weight=0"], "sources[1] (arith).weight = 0"),
+    (["held_out.agent.max_new_tokens=-5"], "held_out.agent.max_new_tokens = -5"),
+    (["engine.kind=tgi"], "engine.kind = 'tgi'"),
+])
+def test_bad_values_are_named_with_field_and_value(overrides, named):
+    with pytest.raises(ConfigError) as e:
+        check(composed(*overrides))
+    assert named in str(e.value)

@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import tempfile
-from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
 

@@ -15,7 +15,7 @@ from conftest import RUN_ID
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"step", "reward/mean", "sao/mask_frac_low", "sao/mask_frac_high", "staleness/mean",
-            "time/learner_idle_frac", "value/explained_var"}
+            "time/learner_idle_frac", "value/explained_var", "staleness/hist_0", "stream/queue_depth"}
 
 
 def train(out: Path, *overrides: str, wait: bool = True):
@@ -39,6 +39,10 @@ def test_default_run_writes_metrics_checkpoints_and_curve(tmp_path, docker_clien
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
     assert REQUIRED <= set(rows[-1]), REQUIRED - set(rows[-1])
+    # stderr is not a terminal here: a readable line per step and one per checkpoint, no HF bars
+    assert "step 2/2  reward " in r.stderr and "masked low" in r.stderr
+    assert f"step 2: checkpoint {out / 'checkpoints' / 'step_2'}" in r.stderr
+    assert "Writing model shards" not in r.stderr
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "reward_curve.png").stat().st_size > 1000
     held = json.loads((out / "held_out.json").read_text())
@@ -59,6 +63,7 @@ def test_default_engine_is_vllm_where_installed_and_receives_the_weights(tmp_pat
     assert r.returncode == 0, r.stderr[-4000:]
     kind = "vllm" if vllm_available() else "hf"
     assert f"engine: {kind} (auto)" in r.stderr
+    assert "torch.set_num_threads" not in r.stderr  # vLLM CPU's repeated start-up warning is filtered
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
     # the step-1 update reached the engine: step 2's rollouts were sampled by version 1, and
@@ -125,3 +130,11 @@ def test_torchrun_runs_data_parallel_ranks_and_resumes(tmp_path, docker_client):
     assert "resumed from" in r.stderr and steps(out) == [1, 2, 3]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(row["learner/replica_spread"] == 0.0 for row in rows)
+
+
+def test_a_bad_value_stops_the_run_at_once_with_its_field(tmp_path):
+    res = train(tmp_path / "run", "trainer.mode=asnyc")
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "trainer.mode = 'asnyc'" in res.stderr and "Traceback" not in res.stderr
+    # before the model, the engine or the sandboxes: nothing was built or run
+    assert "engine:" not in res.stderr and not (tmp_path / "run" / "checkpoints").exists()

@@ -14,12 +14,15 @@ import asyncio
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 import hydra
+import transformers
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import AutoTokenizer
 
@@ -31,11 +34,11 @@ from sandbox.base import Limits
 from sandbox.pool import SandboxPool
 from training import distributed
 from training.checkpoint import Checkpoints, MetricsLog
+from training.config import CONF, ConfigError, check
 from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler, evaluate
 from training.plots import plot_rewards
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # long paths stay whole in a log
 log = logging.getLogger("training.run")
 
 
@@ -96,8 +99,27 @@ def engine_choice(engine_cfg: DictConfig) -> tuple[str, dict]:
     return kind, OmegaConf.to_container(options)
 
 
+STEP_LINE = (("reward", "reward/mean", ".3f"), ("masked low", "sao/mask_frac_low", ".3f"),
+             ("masked high", "sao/mask_frac_high", ".3f"), ("clipfrac", "ppo/clipfrac", ".3f"),
+             ("explained_var", "value/explained_var", ".2f"), ("staleness", "staleness/mean", ".2f"),
+             ("learner idle", "time/learner_idle_frac", ".2f"), ("step s", "time/learner_step_s", ".1f"))
+
+
+def step_line(step: int, max_steps: int, metrics: dict) -> str:
+    """One step's health in one line, for logs; only what this algo reports (the metrics file
+    has everything)."""
+    parts = [f"{label} {metrics[key]:{fmt}}" for label, key, fmt in STEP_LINE if metrics.get(key) is not None]
+    return f"step {step}/{max_steps}  " + "  ".join(parts)
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    try:
+        check(cfg)
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        sys.exit(2)
+    transformers.utils.logging.disable_progress_bar()  # shard-writing bars would break up the run's own
     rank = distributed.init_from_env()  # one process, or a rank under torchrun
     out = Path(cfg.output_dir)
     model_path = prepare_model(cfg.model) if rank.is_main else None
@@ -154,8 +176,10 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
         def on_step(step: int, metrics: dict, batch) -> None:
             metrics_log.log(step, metrics)
             progress.update(bar, completed=step, reward=metrics["reward/mean"], stale=metrics["staleness/mean"])
+            if not console.is_terminal:  # a log file gets no live bar: one line a step instead
+                console.print(step_line(step, run_cfg.max_steps, metrics))
             if step % run_cfg.checkpoint_every == 0 or step == run_cfg.max_steps:
-                checkpoints.save(step, learner, orch.state_dict())
+                console.print(f"step {step}: checkpoint {checkpoints.save(step, learner, orch.state_dict())}")
 
         orch.on_step = on_step
         try:

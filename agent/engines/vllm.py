@@ -45,6 +45,9 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM
 
+        for handler in logging.getLogger("vllm").handlers:  # vLLM's handlers exist once it is imported
+            if not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
+                handler.addFilter(_DropKnownNoise())  # before LLM(): its start-up repeats them too
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs",
@@ -53,8 +56,6 @@ class VLLMEngine:
         self.tie_word_embeddings = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                                 "tie_word_embeddings", False))
         self.version = 0
-        for handler in logging.getLogger("vllm").handlers:
-            handler.addFilter(_DropKnownNoise())
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         return self.generate_batch([(prompt_ids, sampling)])[0]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from agent.trajectory import Trajectory
 from training import distributed, losses
@@ -66,8 +67,7 @@ class TorchLearner:
             source = value_checkpoint or model_path
             config = AutoConfig.from_pretrained(source, num_labels=1)
             config.classifier_dropout = 0.0  # the head's default dropout (0.1) would make values noisy
-            self.critic = AutoModelForTokenClassification.from_pretrained(
-                source, config=config, dtype=torch_dtype).to(device).train()
+            self.critic = _load_critic(source, config, torch_dtype, fresh_head=value_checkpoint is None).to(device).train()
             if algo.freeze_critic_attention:
                 for name, p in self.critic.named_parameters():
                     if "self_attn" in name:
@@ -204,6 +204,19 @@ class TorchLearner:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
+
+
+def _load_critic(source: str, config, dtype, fresh_head: bool):
+    """The critic from `source`. From the policy's checkpoint its value head is new by design,
+    so transformers' report of those missing weights (a warning table) is left out; from a
+    value checkpoint a missing head would be a mistake, and is reported."""
+    verbosity = hf_logging.get_verbosity()
+    if fresh_head:
+        hf_logging.set_verbosity_error()
+    try:
+        return AutoModelForTokenClassification.from_pretrained(source, config=config, dtype=dtype)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _accumulate(acc: dict[str, float], metrics: dict[str, float], weight: float) -> None:

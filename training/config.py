@@ -1,0 +1,84 @@
+"""Checks on the composed training config, before anything is built.
+
+A wrong value a user typed (`trainer.mode=asnyc`, a missing `model.path`, a source naming an
+env that does not exist) should stop the run at once with the field and the value, not after
+minutes of SFT, engine start-up and held-apart scoring, and not as a stack trace from deep
+inside the orchestrator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+class ConfigError(ValueError):
+    """A config value the user can fix; the message names the field and the value."""
+
+
+def _fail(field: str, value, why: str) -> None:
+    raise ConfigError(f"config field {field} = {value!r}: {why}")
+
+
+def _at_least(cfg: DictConfig, prefix: str, names: tuple[str, ...], low: float) -> None:
+    for name in names:
+        value = cfg.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+            _fail(f"{prefix}.{name}", value, f"must be a number >= {low:g}")
+
+
+def _check_agent(fields, prefix: str) -> None:
+    from agent.loop import AgentConfig
+
+    known = {f.name for f in dataclasses.fields(AgentConfig)}
+    for name in fields or {}:
+        if name not in known:
+            _fail(f"{prefix}.{name}", fields[name], f"not an agent setting (known: {', '.join(sorted(known))})")
+    _at_least(fields or OmegaConf.create({}), prefix, ("max_turns", "max_tokens", "max_new_tokens"), 1)
+    _at_least(fields or OmegaConf.create({}), prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p"), 0)
+
+
+def _check_source(spec, prefix: str) -> None:
+    env = spec.get("env")
+    if not env or not (CONF / "env" / f"{env}.yaml").is_file():
+        known = sorted(p.stem for p in (CONF / "env").glob("*.yaml"))
+        _fail(f"{prefix}.env", env, f"no conf/env/{env}.yaml (known envs: {', '.join(known)})")
+    if "tasks" not in spec or "_target_" not in spec.tasks:
+        _fail(f"{prefix}.tasks", spec.get("tasks"), "needs a _target_ that makes the tasks")
+    _at_least(spec, prefix, ("weight",), 1)
+    _check_agent(spec.get("agent"), f"{prefix}.agent")
+
+
+def check(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first value that cannot work."""
+    t = cfg.trainer
+    if t.mode not in ("async", "sync"):
+        _fail("trainer.mode", t.mode, "must be 'async' (SAO's stream) or 'sync' (wait for whole batches)")
+    if t.stale_policy not in ("drop", "keep"):
+        _fail("trainer.stale_policy", t.stale_policy, "must be 'drop' or 'keep'")
+    _at_least(t, "trainer", ("batch_size", "group_size", "sync_every", "num_workers", "max_steps",
+                             "checkpoint_every"), 1)
+    _at_least(t, "trainer", ("max_staleness",), 0)
+    if t.batch_size % t.group_size:
+        _fail("trainer.batch_size", t.batch_size, f"must be a multiple of trainer.group_size ({t.group_size})")
+    algo = cfg.algo
+    _at_least(algo, "algo", ("eps_low", "eps_high", "lr_policy", "lr_critic", "critic_steps", "critic_warmup_steps"), 0)
+    if algo.get("eps_low") is not None and algo.eps_low > 1:
+        _fail("algo.eps_low", algo.eps_low, "must be at most 1 (the band's low edge is 1 - eps_low)")
+    if cfg.engine.kind not in ("auto", "hf", "vllm"):
+        _fail("engine.kind", cfg.engine.kind, "must be auto, hf or vllm")
+    path = cfg.model.path
+    if path is not None and not Path(str(path)).exists() and (str(path).startswith((".", "/", "~"))
+                                                             or str(path).count("/") != 1):
+        _fail("model.path", path, "no such directory (and not a hub name like owner/model)")
+    _check_agent(cfg.agent, "agent")
+    if not cfg.sources:
+        _fail("sources", cfg.sources, "needs at least one source of training tasks")
+    for i, spec in enumerate(cfg.sources):
+        _check_source(spec, f"sources[{i}] ({spec.get('name', spec.get('env'))})")
+    if cfg.get("held_out"):
+        _check_source(cfg.held_out, "held_out")
