@@ -19,15 +19,35 @@ from agent.engines.base import Completion, SamplingParams
 
 # vLLM's INFO lines (import-time ones included) would bury a run's own; set before any import
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# vLLM configures its logger only inside LLM(); until then its import-time INFO lines would go to
+# whatever root handler the program set up (eval's INFO one, say)
+logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
 
-# warnings vLLM's CPU backend repeats on every call that say nothing is wrong: the thread count
-# it already fixed, and the rotary embedding (no weights; its tables are computed) on a reload
-KNOWN_NOISE = ("doesn't allow to use `torch.set_num_threads`", "RotaryEmbedding: Failed to load weights")
+# warnings vLLM repeats on every call that say nothing is wrong, by the logger that says them:
+# the CPU backend's thread count (already fixed), and the rotary embedding on a weight reload
+# (it has no weights; its tables are computed)
+KNOWN_NOISE = {
+    "vllm.v1.worker.cpu_worker": "doesn't allow to use `torch.set_num_threads`",
+    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
+}
 
 
 class _DropKnownNoise(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(text in record.getMessage() for text in KNOWN_NOISE)
+        return self.text not in record.getMessage()
+
+
+def _quiet_known_noise() -> None:
+    """Filters on the loggers themselves: vLLM sets up its handlers only inside LLM(), and
+    a logger's own filter holds before and after that."""
+    for name, text in KNOWN_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropKnownNoise) for f in logger.filters):
+            logger.addFilter(_DropKnownNoise(text))
 
 
 def vllm_available() -> bool:
@@ -45,9 +65,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM
 
-        for handler in logging.getLogger("vllm").handlers:  # vLLM's handlers exist once it is imported
-            if not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
-                handler.addFilter(_DropKnownNoise())  # before LLM(): its start-up repeats them too
+        _quiet_known_noise()  # before LLM(): its start-up repeats them too
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs",
