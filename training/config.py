@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +21,7 @@ class ConfigError(ValueError):
     """A config value the user can fix; the message names the field and the value."""
 
 
-def _fail(field: str, value, why: str) -> None:
+def _fail(field: str, value, why: str) -> NoReturn:
     raise ConfigError(f"config field {field} = {value!r}: {why}")
 
 
@@ -34,12 +35,13 @@ def _at_least(cfg: DictConfig, prefix: str, names: tuple[str, ...], low: float) 
 def _check_agent(fields, prefix: str) -> None:
     from agent.loop import AgentConfig
 
+    fields = fields or OmegaConf.create({})
     known = {f.name for f in dataclasses.fields(AgentConfig)}
-    for name in fields or {}:
+    for name in fields:
         if name not in known:
             _fail(f"{prefix}.{name}", fields[name], f"not an agent setting (known: {', '.join(sorted(known))})")
-    _at_least(fields or OmegaConf.create({}), prefix, ("max_turns", "max_tokens", "max_new_tokens"), 1)
-    _at_least(fields or OmegaConf.create({}), prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p"), 0)
+    _at_least(fields, prefix, ("max_turns", "max_tokens", "max_new_tokens"), 1)
+    _at_least(fields, prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p"), 0)
 
 
 def _check_source(spec, prefix: str) -> None:
