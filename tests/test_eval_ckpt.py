@@ -336,3 +336,30 @@ def test_grading_agrees_with_swebench_on_saved_logs(path):
     expected = json.loads((LOGS / "expected.json").read_text())[f"{iid}.{kind}"]
     statuses = {s: sum(v == s for v in full.tests_status.values()) for s in sorted(set(full.tests_status.values()))}
     assert {"resolved": full.resolved, "statuses": statuses} == expected
+
+
+class Crashing(Scripted):
+    """The gold engine, except that while the agent works on the first task its container is
+    killed from outside (as a node losing a container would), before the model's reply."""
+
+    def __init__(self, *args, docker_client, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.docker = docker_client
+
+    def generate(self, prompt_ids, sampling):
+        if self.tasks[0].problem_statement.strip()[:200] in self.tokenizer.decode(prompt_ids):
+            # one worker: the only live container of this run is this rollout's
+            for ct in self.docker.containers.list(filters={"label": f"sao.run_id={RUN_ID}"}):
+                ct.kill()
+        return super().generate(prompt_ids, sampling)
+
+
+@pytest.mark.docker
+def test_sandbox_crash_is_recorded_and_the_run_goes_on(tmp_path, docker_client, tokenizer, tasks):
+    out = tmp_path / "crash"
+    engine = Crashing(tokenizer, tasks[:2], gold=True, docker_client=docker_client)
+    report = evaluate(engine, tokenizer, tasks[:2], out, max_workers=1)
+    assert report["error_ids"] == [IDS[0]] and report["resolved_ids"] == [IDS[1]]
+    assert report["error_reasons"][IDS[0]].startswith("SandboxError"), report["error_reasons"]
+    result = json.loads((out / "run_0" / IDS[0] / "result.json").read_text())
+    assert result["status"] == "error" and result["exit_reason"] == "sandbox_error"
