@@ -1,5 +1,7 @@
 """The torch learner on the real tiny model: warm-up, frozen attention, accumulation, checkpoints."""
 
+import random
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -7,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from agent.tiny_model import build_tiny_model
 from agent.trajectory import Trajectory
 from training.algos import GRPO, SAO
+from training.batch import pack
 from training.learners.torch import TorchLearner
 
 
@@ -118,3 +121,28 @@ def test_data_parallel_ranks_step_exactly_as_one_process(tiny, tmp_path, world, 
         assert got.keys() == want.keys()
         for k in ("sao/loss", "sao/mask_frac_low", "value/loss", "policy/grad_norm", "value/explained_var"):
             assert abs(got[k] - want[k]) < 1e-4 * max(1.0, abs(want[k])), k
+
+
+def test_critic_learns_per_token_values_with_frozen_attention(tiny):
+    # The sampled token d decides the reward (d = 100 -> 1, d = 200 -> 0). Monte-Carlo targets
+    # (critic lambda 1, gamma 1) are the reward at every sampled token. The three positions that
+    # predict 50, 51 and d cannot know it (their target variance stays: 3 of 6 tokens); the three
+    # after d can see it. So a perfect critic explains 1 - 3/6 = 0.5 of the variance, and one
+    # that only learns the mean (a running-mean baseline) explains 0.
+    rng = random.Random(0)
+
+    def decided(d):
+        t = Trajectory("x", prompt_ids=[5, 6, 7, 8, 9, 10], reward=1.0 if d == 100 else 0.0)
+        t.append_sampled([50, 51, d, 60, 61, 62], [-5.0] * 6, 0)
+        return t
+
+    learner = TorchLearner(tiny, SAO(critic_warmup_steps=10**6, lr_critic=1e-3))  # critic only, attention frozen
+    for _ in range(30):
+        m = learner.step([decided(rng.choice([100, 200])) for _ in range(16)])
+    assert m["value/explained_var"] > 0.35, m
+    with torch.no_grad():
+        batch = learner._to(pack([decided(100), decided(200)], pad_id=0))
+        values = learner._values(batch)
+    after_d = batch.loss_mask.bool() & (torch.arange(batch.input_ids.shape[1]) >= 8)  # positions that have seen d
+    high, low = values[0][after_d[0]], values[1][after_d[1]]
+    assert (high > low + 0.5).all(), (high, low)
