@@ -53,6 +53,11 @@ def test_default_run_writes_metrics_checkpoints_and_curve(tmp_path, docker_clien
         ckpt = out / "checkpoints" / f"step_{step}"
         AutoModelForCausalLM.from_pretrained(ckpt / "policy")
         AutoModelForTokenClassification.from_pretrained(ckpt / "critic")
+    # the same command again: the run is complete, says so and how to go on, and trains nothing
+    again = train(out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "already holds all 2 steps" in again.stderr and "trainer.max_steps=N" in again.stderr
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_default_engine_is_vllm_where_installed_and_receives_the_weights(tmp_path, docker_client):

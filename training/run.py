@@ -159,6 +159,9 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
         orch.stream.load_state_dict(state["stream"])
         engine.update_weights(learner.state_dict_for_engine(), learner.version)
         console.print(f"resumed from {latest} (step {orch.step}, policy version {learner.version})")
+        if orch.step >= run_cfg.max_steps:
+            console.print(f"{out} already holds all {run_cfg.max_steps} steps: trainer.max_steps=N (N > {orch.step}) "
+                          "trains on from here, resume=false or another output_dir starts over")
     metrics_log = MetricsLog(out, orch.step)
     held_out = make_source(cfg.held_out, engine, tokenizer, cfg) if cfg.held_out else None
     held_file = out / "held_out.json"
