@@ -69,7 +69,7 @@ def test_unknown_env_is_a_clear_error():
         make_env("nope")
 
 
-@pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("+experiment=swe_verified",), ("+debug=tiny",),
+@pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("+sources.0.env_options={switch_every: 64}",), ("+experiment=swe_verified",), ("+debug=tiny",),
                                        ("+debug=learn",), ("trainer.mode=sync", "engine=hf")])
 def test_shipped_configs_pass_the_checks(overrides):
     check(composed(*overrides))
@@ -89,6 +89,8 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["sources.1.weight=0"], "sources[1] (arith).weight = 0"),
     (["held_out.agent.max_new_tokens=-5"], "held_out.agent.max_new_tokens = -5"),
     (["engine.kind=tgi"], "engine.kind = 'tgi'"),
+    (["+sources.0.env_options={switch_evry: 5}"], "sources[0] (prefer).env_options.switch_evry = 5: not an option"),
+    (["trainer.max_failed_in_a_row=0"], "trainer.max_failed_in_a_row = 0"),
 ])
 def test_bad_values_are_named_with_field_and_value(overrides, named):
     with pytest.raises(ConfigError) as e:

@@ -143,3 +143,11 @@ def test_a_bad_value_stops_the_run_at_once_with_its_field(tmp_path):
     assert "trainer.mode = 'asnyc'" in res.stderr and "Traceback" not in res.stderr
     # before the model, the engine or the sandboxes: nothing was built or run
     assert "engine:" not in res.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_rollouts_that_keep_failing_stop_the_run_with_the_reason(tmp_path, docker_client):
+    # a source's env_options override its conf/env file: here an image no engine has, no registry
+    r = train(tmp_path / "run", "held_out=null", '+sources.0.env_options={image: "sao-missing:none"}',
+              "trainer.max_failed_in_a_row=3")
+    assert r.returncode == 1, r.stderr[-4000:]
+    assert "the run stopped at step 0: 3 rollouts in a row failed" in r.stderr and "sao-missing:none" in r.stderr

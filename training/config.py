@@ -9,6 +9,7 @@ inside the orchestrator.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import NoReturn
 
@@ -44,11 +45,24 @@ def _check_agent(fields, prefix: str) -> None:
     _at_least(fields, prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p"), 0)
 
 
+def _check_env_options(env: str, options, prefix: str) -> None:
+    """Each option must be a parameter of the env's constructor (its conf/env/<env>.yaml _target_)."""
+    from hydra.utils import get_class
+
+    target = OmegaConf.load(CONF / "env" / f"{env}.yaml")._target_
+    known = set(inspect.signature(get_class(target)).parameters) - {"self"}
+    for name in options:
+        if name not in known:
+            _fail(f"{prefix}.{name}", options[name], f"not an option of {target} (known: {', '.join(sorted(known))})")
+
+
 def _check_source(spec, prefix: str) -> None:
     env = spec.get("env")
     if not env or not (CONF / "env" / f"{env}.yaml").is_file():
         known = sorted(p.stem for p in (CONF / "env").glob("*.yaml"))
         _fail(f"{prefix}.env", env, f"no conf/env/{env}.yaml (known envs: {', '.join(known)})")
+    if spec.get("env_options"):
+        _check_env_options(env, spec.env_options, f"{prefix}.env_options")
     if "tasks" not in spec or "_target_" not in spec.tasks:
         _fail(f"{prefix}.tasks", spec.get("tasks"), "needs a _target_ that makes the tasks")
     _at_least(spec, prefix, ("weight",), 1)
@@ -63,7 +77,7 @@ def check(cfg: DictConfig) -> None:
     if t.stale_policy not in ("drop", "keep"):
         _fail("trainer.stale_policy", t.stale_policy, "must be 'drop' or 'keep'")
     _at_least(t, "trainer", ("batch_size", "group_size", "sync_every", "num_workers", "max_steps",
-                             "checkpoint_every"), 1)
+                             "checkpoint_every", "max_failed_in_a_row"), 1)
     _at_least(t, "trainer", ("max_staleness",), 0)
     if t.batch_size % t.group_size:
         _fail("trainer.batch_size", t.batch_size, f"must be a multiple of trainer.group_size ({t.group_size})")

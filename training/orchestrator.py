@@ -91,6 +91,7 @@ class RunConfig:
     max_staleness: int = 4
     stale_policy: str = "drop"
     max_in_flight: int | None = None  # default: batch_size + num_workers * group_size
+    max_failed_in_a_row: int = 32  # rollouts failing back to back (Docker gone, say): the run stops
     seed: int = 0
 
 
@@ -108,6 +109,7 @@ class Orchestrator:
         self.on_step = on_step
         self.step = start_step
         self.rollout_errors = 0
+        self._failed_in_a_row = 0
         self._wait_s = 0.0
         self._start = 0.0
 
@@ -119,7 +121,7 @@ class Orchestrator:
             try:
                 while self.step < self.cfg.max_steps:
                     t0 = time.monotonic()
-                    batch = await self.stream.take(self.learner.version, count=self.cfg.batch_size)
+                    batch = await self._take_unless_a_worker_fails(workers)
                     self._wait_s += time.monotonic() - t0
                     await self._learn(batch)
             finally:
@@ -134,9 +136,22 @@ class Orchestrator:
                 groups = await asyncio.gather(*[self._group(slots) for _ in range(n_groups)])
                 batch = [t for g in groups if g for t in g]
                 self._wait_s += time.monotonic() - t0  # the learner waits for the whole batch
-                await self._learn(batch)
+                if batch:  # empty only when every rollout of it failed (counted in rollout/errors)
+                    await self._learn(batch)
         else:
             raise ValueError(f"mode must be 'async' or 'sync', got {self.cfg.mode!r}")
+
+    async def _take_unless_a_worker_fails(self, workers: list[asyncio.Task]) -> list[Trajectory]:
+        """The next batch; a worker only ends by raising (too many failures), and then so does this."""
+        take = asyncio.create_task(self.stream.take(self.learner.version, count=self.cfg.batch_size))
+        await asyncio.wait([take, *workers], return_when=asyncio.FIRST_COMPLETED)
+        if take.done():
+            return take.result()
+        take.cancel()
+        for w in workers:
+            if w.done():
+                w.result()  # raises the worker's error
+        raise AssertionError("a rollout worker ended without an error")
 
     async def _worker(self, index: int) -> None:
         while True:
@@ -158,13 +173,20 @@ class Orchestrator:
                 seed = (self.cfg.seed * 1_000_003 + key) * 97 + g
                 async with slots or contextlib.nullcontext():
                     traj = await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
+                if traj.exit_reason == "sandbox_error":  # the container failed, not the policy: no reward to learn
+                    raise RuntimeError(f"sandbox error: {traj.info.get('error', 'the sandbox failed')}")
                 traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
                 group.append(traj)
         except Exception as e:  # an infrastructure fault: counted, logged, the run goes on
             self.rollout_errors += 1
+            self._failed_in_a_row += 1
             log.warning("rollout of %s failed: %s", task.instance_id, e)
             self.sampler.done(key)
+            if self._failed_in_a_row >= self.cfg.max_failed_in_a_row:
+                raise RuntimeError(f"{self._failed_in_a_row} rollouts in a row failed (trainer.max_failed_in_a_row); "
+                                   f"the last, {task.instance_id}: {e}") from e
             return None
+        self._failed_in_a_row = 0
         self.sampler.done(key)
         return group
 

@@ -81,8 +81,8 @@ def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:
 
 
 def make_source(spec: DictConfig, engine, tokenizer, cfg: DictConfig) -> Source:
-    env_cfg = OmegaConf.load(CONF / "env" / f"{spec.env}.yaml")
-    env_cfg.pop("_target_", None)
+    env_cfg = OmegaConf.merge(OmegaConf.load(CONF / "env" / f"{spec.env}.yaml"), spec.get("env_options") or {})
+    env_cfg.pop("_target_", None)  # a source's env_options override the env's own conf/env/<env>.yaml
     return Source(spec.get("name", spec.env), make_env(spec.env, **env_cfg), list(instantiate(spec.tasks)),
                   make_agent(engine, tokenizer, cfg, spec.get("agent")), spec.get("weight", 1))
 
@@ -187,6 +187,14 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
         orch.on_step = on_step
         try:
             asyncio.run(orch.run())
+        except RuntimeError as e:  # rollouts keep failing: say why; the checkpoints stay for a resume
+            progress.stop()
+            kept = checkpoints.latest()
+            console.print(f"[red]error:[/red] the run stopped at step {orch.step}: {escape(str(e))}\n"
+                          + (f"{kept} is kept: the same command resumes from it" if kept else "no checkpoint yet"),
+                          soft_wrap=True)
+            pool.close()
+            sys.exit(1)
         finally:
             metrics_log.close()
     if held_out:

@@ -1,0 +1,79 @@
+"""The orchestrator's edges: a rollout whose sandbox failed is an infrastructure fault (counted,
+never trained on), and rollouts that keep failing stop the run with the reason instead of
+leaving the learner waiting forever. The rollout function is replaced here (a unit test): the
+real path, with containers, runs in tests/test_training_run.py."""
+
+import asyncio
+
+import pytest
+
+import training.orchestrator as orchestrator
+from agent.trajectory import Trajectory
+from envs.base import Task
+from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler
+
+
+class Engine:
+    busy_s = 0.0
+    requests = batches = 0
+    version = 0
+
+    def update_weights(self, named_tensors, version):
+        self.version = version
+
+
+class Learner:
+    version = 0
+
+    def __init__(self):
+        self.batches = []
+
+    def step(self, batch, group_ids):
+        self.batches.append(batch)
+        self.version += 1
+        return {"reward/mean": sum(t.reward for t in batch) / len(batch)}
+
+    def state_dict_for_engine(self):
+        return []
+
+
+def rollout(sandbox_fails):
+    """A stand-in for agent.rollout.rollout_and_grade: `sandbox_fails(task)` decides."""
+    def run(agent, task, env, pool, seed):
+        if sandbox_fails(task):
+            return Trajectory(task.instance_id, prompt_ids=[], exit_reason="sandbox_error", info={"error": "gone"})
+        t = Trajectory(task.instance_id, prompt_ids=[1, 2], reward=1.0, exit_reason="submitted")
+        t.append_sampled([3], [-0.5], 0)
+        return t
+    return run
+
+
+def orchestrate(monkeypatch, sandbox_fails, mode="async", max_steps=3):
+    monkeypatch.setattr(orchestrator, "rollout_and_grade", rollout(sandbox_fails))
+    tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(8)]
+    sampler = TaskSampler([Source("s", env=None, tasks=tasks, agent=None)], seed=0)
+    cfg = RunConfig(mode=mode, batch_size=2, num_workers=2, max_steps=max_steps, max_failed_in_a_row=4)
+    learner = Learner()
+    orch = Orchestrator(cfg, sampler, pool=None, engine=Engine(), learner=learner, on_step=lambda *a: None)
+    return orch, learner
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_sandbox_errors_are_counted_and_never_trained_on(monkeypatch, mode):
+    orch, learner = orchestrate(monkeypatch, lambda task: task.instance_id in ("t1", "t4"), mode)
+    asyncio.run(orch.run())
+    trained = [t.instance_id for batch in learner.batches for t in batch]
+    assert len(learner.batches) == 3 and trained and not {"t1", "t4"} & set(trained)
+    assert orch.rollout_errors >= 1
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_rollouts_that_keep_failing_stop_the_run_with_the_reason(monkeypatch, mode):
+    orch, learner = orchestrate(monkeypatch, lambda task: True, mode)
+
+    async def bounded():
+        await asyncio.wait_for(orch.run(), timeout=30)  # before the fix the learner waited forever
+
+    with pytest.raises(RuntimeError, match="4 rollouts in a row failed .*sandbox error: gone"):
+        asyncio.run(bounded())
+    assert learner.batches == [] and orch.rollout_errors == 4
