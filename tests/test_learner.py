@@ -38,6 +38,10 @@ def test_critic_warmup_then_policy_updates(tiny):
     p0, c0 = params(learner.policy), params(learner.critic)
     m = learner.step(BATCH)
     assert learner.version == 0 and "sao/loss" not in m and "value/loss" in m
+    # no update, but the health of the batch is logged all the same (every step has these keys)
+    assert {"sao/mask_frac_low", "sao/mask_frac_high", "sao/ratio_mean"} <= set(m)
+    # every token was sampled by version 0, the weights the learner holds: all of them are fresh
+    assert m["sao/logprob_mismatch_fresh"] == pytest.approx(m["sao/logprob_mismatch_pre"])
     assert all(torch.equal(p0[k], v) for k, v in params(learner.policy).items())  # warm-up: policy untouched
     c1 = params(learner.critic)
     assert any(not torch.equal(c0[k], c1[k]) for k in c0 if "mlp" in k)  # MLPs train
@@ -46,6 +50,12 @@ def test_critic_warmup_then_policy_updates(tiny):
     m = learner.step(BATCH)
     assert learner.version == 1 and {"sao/mask_frac_low", "sao/mask_frac_high", "value/explained_var"} <= set(m)
     assert any(not torch.equal(p0[k], v) for k, v in params(learner.policy).items())
+
+
+def test_running_mean_baseline_has_no_critic_to_warm_up(tiny):
+    learner = TorchLearner(tiny, SAO(baseline="running_mean", critic_warmup_steps=10, lr_policy=1e-3))
+    m = learner.step(BATCH)
+    assert learner.critic is None and learner.version == 1 and "sao/loss" in m and "value/loss" not in m
 
 
 def test_micro_batches_accumulate_to_the_full_batch_update(tiny):
@@ -59,10 +69,16 @@ def test_micro_batches_accumulate_to_the_full_batch_update(tiny):
 
 
 def test_grpo_step_and_engine_weights(tiny):
-    learner = TorchLearner(tiny, GRPO(group_size=2, lr_policy=1e-3))
+    # one optimizer step: pi_old is the weights it starts from, so the ratio is exactly 1
+    learner = TorchLearner(tiny, GRPO(group_size=2, lr_policy=1e-3, policy_minibatches=1))
     assert learner.critic is None
     m = learner.step(BATCH, group_ids=[0, 0, 1, 1])
     assert learner.version == 1 and m["ppo/ratio_mean"] == pytest.approx(1.0)
+    # four, one row each, all against the same pi_old: after the first the ratio moves (and the
+    # clip can bind); still one new policy version for the engine
+    learner = TorchLearner(tiny, GRPO(group_size=2, lr_policy=1e-2, policy_minibatches=4))
+    m = learner.step(BATCH, group_ids=[0, 0, 1, 1])
+    assert learner.version == 1 and abs(m["ppo/ratio_mean"] - 1.0) > 1e-3 and m["ppo/clipfrac"] > 0
     names = [n for n, _ in learner.state_dict_for_engine()]
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
 
@@ -94,23 +110,27 @@ def test_shard_rows_balances_tokens_and_covers_every_row():
     assert [shard_rows([4, 4], r, 3) for r in range(3)] == [[0], [1], []]  # a rank may get no rows
 
 
-def _replica(rank, world, init_file, tiny, batch, out):
+def _replica(rank, world, init_file, tiny, batch, out, minibatches):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    learner = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3), micro_batch_tokens=40)
+    learner = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3,
+                                     policy_minibatches=minibatches), micro_batch_tokens=40)
     metrics = [learner.step(batch) for _ in range(2)]
     torch.save({"policy": params(learner.policy), "critic": params(learner.critic), "metrics": metrics}, f"{out}.{rank}")
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,batch", [(2, BATCH + [traj(1.0, 3)]), (3, BATCH[:2])], ids=["2ranks", "idle-rank"])
-def test_data_parallel_ranks_step_exactly_as_one_process(tiny, tmp_path, world, batch):
+@pytest.mark.parametrize("world,batch,minibatches", [(2, BATCH + [traj(1.0, 3)], 1), (3, BATCH[:2], 1),
+                                                     (2, BATCH + [traj(1.0, 3)], 2)],
+                         ids=["2ranks", "idle-rank", "2ranks-2minibatches"])
+def test_data_parallel_ranks_step_exactly_as_one_process(tiny, tmp_path, world, batch, minibatches):
     import torch.multiprocessing as mp
 
     out = tmp_path / "state"
-    mp.spawn(_replica, args=(world, tmp_path / "init", tiny, batch, str(out)), nprocs=world)
-    one = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3), micro_batch_tokens=40)
+    mp.spawn(_replica, args=(world, tmp_path / "init", tiny, batch, str(out), minibatches), nprocs=world)
+    one = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3, policy_minibatches=minibatches),
+                       micro_batch_tokens=40)
     expected = [one.step(batch) for _ in range(2)]
     states = [torch.load(f"{out}.{r}") for r in range(world)]
     for part in ("policy", "critic"):

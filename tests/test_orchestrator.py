@@ -74,6 +74,7 @@ def test_rollouts_that_keep_failing_stop_the_run_with_the_reason(monkeypatch, mo
     async def bounded():
         await asyncio.wait_for(orch.run(), timeout=30)  # before the fix the learner waited forever
 
-    with pytest.raises(RuntimeError, match="4 rollouts in a row failed .*sandbox error: gone"):
+    # two workers: the other may fail once more before the run stops
+    with pytest.raises(RuntimeError, match=r"[45] rollouts in a row failed .*sandbox error: gone"):
         asyncio.run(bounded())
-    assert learner.batches == [] and orch.rollout_errors == 4
+    assert learner.batches == [] and orch.rollout_errors in (4, 5)

@@ -93,6 +93,11 @@ def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, dock
     assert r.returncode == 0, r.stderr[-4000:]
     assert f"step_{killed_at} (step {killed_at}," in r.stderr.replace("\n", "")
     assert steps(out) == list(range(1, 9))  # each step logged once
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()  # what the killed run logged past its checkpoint is purged there too
+    assert [e.step for e in events.Scalars("reward/mean")] == list(range(1, 9))
     held = json.loads((out / "held_out.json").read_text())  # the pre-training score survived the crash
     assert {"held_out/reward_initial", "held_out/reward_final"} <= set(held)
     state = json.loads((out / "checkpoints" / "step_8" / "run_state.json").read_text())

@@ -33,6 +33,7 @@ class SAO:
     lr_policy: float = 1e-6
     lr_critic: float = 5e-6
     mask: bool = True  # ablation switch: False keeps every token (no band)
+    policy_minibatches: int = 1  # optimizer steps per learner step, each on its share of the batch
     name: str = "sao"
     group_size: int = 1
     _history: deque = field(default_factory=deque, repr=False)
@@ -81,6 +82,9 @@ class GRPO:
     mask: bool = False  # ablation: True drops out-of-band tokens as SAO does, on top of the clip
     mask_eps_low: float = 0.8
     mask_eps_high: float = 3.0
+    # optimizer steps per learner step, each on a share of the batch, all against the same pi_old
+    # (verl's ppo_mini_batch_size): with one the ratio is exactly 1 and the clip never binds
+    policy_minibatches: int = 4
     name: str = "grpo"
     uses_critic: bool = False
     critic_steps: int = 0

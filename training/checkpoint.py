@@ -60,7 +60,8 @@ class MetricsLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.dir / "tensorboard"))
+            # purge_step: events a killed run wrote past its checkpoint are dropped, as in the JSONL
+            self._writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
         except ImportError:  # tensorboard is a dependency; without it, the JSONL log still works
             pass
 

@@ -83,6 +83,7 @@ def check(cfg: DictConfig) -> None:
         _fail("trainer.batch_size", t.batch_size, f"must be a multiple of trainer.group_size ({t.group_size})")
     algo = cfg.algo
     _at_least(algo, "algo", ("eps_low", "eps_high", "lr_policy", "lr_critic", "critic_steps", "critic_warmup_steps"), 0)
+    _at_least(algo, "algo", ("policy_minibatches", "group_size"), 1)
     if algo.get("eps_low") is not None and algo.eps_low > 1:
         _fail("algo.eps_low", algo.eps_low, "must be at most 1 (the band's low edge is 1 - eps_low)")
     if cfg.engine.kind not in ("auto", "hf", "vllm"):
@@ -92,6 +93,18 @@ def check(cfg: DictConfig) -> None:
                                                              or str(path).count("/") != 1):
         _fail("model.path", path, "no such directory (and not a hub name like owner/model)")
     _check_agent(cfg.agent, "agent")
+    # the learner scores tokens under the full distribution at one temperature: the sampler must
+    # draw from exactly that one, or every ratio carries a bias
+    if cfg.agent.temperature <= 0:
+        _fail("agent.temperature", cfg.agent.temperature, "must be > 0 for training (logprobs of greedy decoding are not a policy's)")
+    if cfg.agent.top_p != 1:
+        _fail("agent.top_p", cfg.agent.top_p, "must be 1 for training: the learner's logprobs are of the untruncated distribution")
+    for i, spec in enumerate(cfg.sources):  # (held-apart scoring trains nothing: it may sample otherwise)
+        for name in ("temperature", "top_p"):
+            value = (spec.get("agent") or {}).get(name)
+            if value is not None and value != cfg.agent[name]:
+                _fail(f"sources[{i}].agent.{name}", value, f"must equal agent.{name} ({cfg.agent[name]}): the learner "
+                      "scores every rollout at that one")
     if not cfg.sources:
         _fail("sources", cfg.sources, "needs at least one source of training tasks")
     for i, spec in enumerate(cfg.sources):

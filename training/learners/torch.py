@@ -95,7 +95,7 @@ class TorchLearner:
         batch = self._to(pack(trajectories, self.pad_id, group_ids))
         # this rank's rows (all of them in one process), in token-budget micro-batches
         mine = distributed.shard_rows(batch.attention_mask.sum(1).tolist(), self.dist.rank, self.dist.world)
-        parts = [[mine[i] for i in rows] for rows in micro_batch_rows(batch.select(mine), self.micro_batch_tokens)] if mine else []
+        parts = self._micro_batches(batch, mine)
         n_sampled = max(batch.num_sampled, 1)  # of the whole batch, on every rank
         B, L = batch.input_ids.shape
         old_logp = torch.zeros(B, L, device=self.device)
@@ -121,6 +121,11 @@ class TorchLearner:
             # learner vs engine on the same tokens, before this step's update
             "sao/logprob_mismatch_pre": float(((old_logp - batch.behaviour_logprobs).abs() * batch.loss_mask).sum() / n_sampled),
         }
+        # the same on the tokens sampled by the weights the learner holds now (staleness 0): the
+        # numeric mismatch between engine and learner alone, without the policy's drift
+        fresh = batch.loss_mask * (batch.policy_version == self.version)
+        if fresh.sum() > 0:
+            metrics["sao/logprob_mismatch_fresh"] = float(((old_logp - batch.behaviour_logprobs).abs() * fresh).sum() / fresh.sum())
         if self.critic is not None:
             # cleanrl's explained variance: the values that made the advantages, whole batch
             metrics["value/explained_var"] = losses.value_loss(values, returns, batch.loss_mask)[1]["value/explained_var"]
@@ -128,9 +133,14 @@ class TorchLearner:
                 update = self._critic_update(batch, parts, returns, n_sampled)
                 update.pop("value/explained_var")
                 metrics.update(update)
-        if self.step_count >= self.algo.critic_warmup_steps:
-            metrics.update(self._policy_update(batch, parts, advantages, old_logp, n_sampled))
+        # the critic-only warm-up exists for a critic; the running-mean baseline has none to wait for
+        if self.critic is None or self.step_count >= self.algo.critic_warmup_steps:
+            metrics.update(self._policy_update(batch, advantages, old_logp))
             self.version += 1
+        else:  # no update (so no loss logged), but the same health metrics: mask fractions, ratio
+            with torch.no_grad():
+                health = self.algo.policy_loss(old_logp, batch, advantages, old_logp, n_sampled)[1]
+            metrics.update({k: v for k, v in health.items() if not k.endswith("/loss")})
         self.algo.observe_rewards(batch.rewards)
         self.step_count += 1
         metrics["learner/step"] = float(self.step_count)
@@ -152,7 +162,30 @@ class TorchLearner:
         self.critic_opt.step()
         return dict(acc)
 
-    def _policy_update(self, batch, parts, advantages, old_logp, n_sampled) -> dict[str, float]:
+    def _micro_batches(self, batch: Batch, rows: list[int]) -> list[list[int]]:
+        """`rows` of the batch in token-budget micro-batches (batch row indices)."""
+        if not rows:
+            return []
+        return [[rows[i] for i in part] for part in micro_batch_rows(batch.select(rows), self.micro_batch_tokens)]
+
+    def _policy_update(self, batch, advantages, old_logp) -> dict[str, float]:
+        """`algo.policy_minibatches` optimizer steps, each over its share of the batch's rows
+        (one: the whole batch), each share split over the ranks as a batch is. pi_old stays the
+        weights at the start of the step, so from the second mini-batch on the ratio moves and
+        PPO's clip (GRPO) can bind. Metrics: their mean over the mini-batches."""
+        M = getattr(self.algo, "policy_minibatches", 1)
+        lengths = batch.attention_mask.sum(1).tolist()
+        acc: dict[str, float] = defaultdict(float)
+        for i in range(M):
+            share = list(range(i, len(batch), M))
+            mine = [share[j] for j in distributed.shard_rows([lengths[r] for r in share], self.dist.rank, self.dist.world)]
+            n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)  # the share's token-mean denominator
+            for k, v in self._policy_step(batch, self._micro_batches(batch, mine), advantages, old_logp,
+                                          n_sampled).items():
+                acc[k] += v / M
+        return dict(acc)
+
+    def _policy_step(self, batch, parts, advantages, old_logp, n_sampled) -> dict[str, float]:
         self.policy_opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = defaultdict(float)
         for rows in parts:
