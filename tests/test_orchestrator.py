@@ -48,11 +48,12 @@ def rollout(sandbox_fails):
     return run
 
 
-def orchestrate(monkeypatch, sandbox_fails, mode="async", max_steps=3):
+def orchestrate(monkeypatch, sandbox_fails, mode="async", max_steps=3, **run):
     monkeypatch.setattr(orchestrator, "rollout_and_grade", rollout(sandbox_fails))
     tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(8)]
     sampler = TaskSampler([Source("s", env=None, tasks=tasks, agent=None)], seed=0)
-    cfg = RunConfig(mode=mode, batch_size=2, num_workers=2, max_steps=max_steps, max_failed_in_a_row=4)
+    cfg = RunConfig(**{"mode": mode, "batch_size": 2, "num_workers": 2, "max_steps": max_steps,
+                       "max_failed_in_a_row": 4, **run})
     learner = Learner()
     orch = Orchestrator(cfg, sampler, pool=None, engine=Engine(), learner=learner, on_step=lambda *a: None)
     return orch, learner
@@ -78,3 +79,11 @@ def test_rollouts_that_keep_failing_stop_the_run_with_the_reason(monkeypatch, mo
     with pytest.raises(RuntimeError, match=r"[45] rollouts in a row failed .*sandbox error: gone"):
         asyncio.run(bounded())
     assert learner.batches == [] and orch.rollout_errors in (4, 5)
+
+
+def test_async_batches_by_token_budget(monkeypatch):
+    # each rollout is 3 tokens (2 prompt + 1 sampled): a budget of 18 takes 6 of them, more than
+    # batch_size 2 (taken rollouts free their in-flight room, so a budget can exceed it)
+    orch, learner = orchestrate(monkeypatch, lambda task: False, batch_tokens=18, batch_size=2)
+    asyncio.run(orch.run())
+    assert [len(b) for b in learner.batches] == [6, 6, 6]  # max_in_flight is 2 + 2 workers = 4

@@ -79,6 +79,7 @@ def check(cfg: DictConfig) -> None:
     _at_least(t, "trainer", ("batch_size", "group_size", "sync_every", "num_workers", "max_steps",
                              "checkpoint_every", "max_failed_in_a_row"), 1)
     _at_least(t, "trainer", ("max_staleness",), 0)
+    _at_least(t, "trainer", ("batch_tokens",), 1)  # (null: by count)
     if t.batch_size % t.group_size:
         _fail("trainer.batch_size", t.batch_size, f"must be a multiple of trainer.group_size ({t.group_size})")
     algo = cfg.algo

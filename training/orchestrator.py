@@ -83,6 +83,7 @@ class TaskSampler:
 class RunConfig:
     mode: str = "async"  # or "sync"
     batch_size: int = 16  # rollouts per learner step (prompts x group_size)
+    batch_tokens: int | None = None  # async: take batches by this token budget instead of batch_size rollouts
     group_size: int = 1  # rollouts per prompt (SAO: 1; GRPO: G)
     sync_every: int = 1
     num_workers: int = 2
@@ -143,7 +144,8 @@ class Orchestrator:
 
     async def _take_unless_a_worker_fails(self, workers: list[asyncio.Task]) -> list[Trajectory]:
         """The next batch; a worker only ends by raising (too many failures), and then so does this."""
-        take = asyncio.create_task(self.stream.take(self.learner.version, count=self.cfg.batch_size))
+        by = {"token_budget": self.cfg.batch_tokens} if self.cfg.batch_tokens else {"count": self.cfg.batch_size}
+        take = asyncio.create_task(self.stream.take(self.learner.version, **by))
         await asyncio.wait([take, *workers], return_when=asyncio.FIRST_COMPLETED)
         if take.done():
             return take.result()
