@@ -10,6 +10,7 @@ from agent.tiny_model import build_tiny_model
 from agent.trajectory import Trajectory
 from training.algos import GRPO, SAO
 from training.batch import pack
+from training.losses import sao_keep_mask, sao_policy_loss
 from training.learners.torch import TorchLearner
 
 
@@ -166,3 +167,27 @@ def test_critic_learns_per_token_values_with_frozen_attention(tiny):
     after_d = batch.loss_mask.bool() & (torch.arange(batch.input_ids.shape[1]) >= 8)  # positions that have seen d
     high, low = values[0][after_d[0]], values[1][after_d[1]]
     assert (high > low + 0.5).all(), (high, low)
+
+
+def test_policy_loss_is_a_mean_over_the_whole_batchs_kept_tokens(tiny):
+    # half the sampled tokens carry a behaviour logprob of 0 (r = p_theta, far below the band's
+    # 0.2: dropped low), half -8.3 (about the tiny model's own: kept). In 40-token micro-batches
+    # the learner's loss must equal the loss over the whole batch at once, a mean over its kept
+    # tokens (running-mean baseline: no critic, advantages = rewards on the first step)
+    def mixed(reward, n):
+        t = Trajectory("x", prompt_ids=list(range(5, 15)), reward=reward)
+        t.append_sampled(list(range(30, 30 + n)), [0.0 if i % 2 else -8.3 for i in range(n)], 0)
+        return t
+
+    trajectories = [mixed(1.0, 12), mixed(0.0, 20), mixed(1.0, 6)]
+    learner = TorchLearner(tiny, SAO(baseline="running_mean", lr_policy=1e-3), micro_batch_tokens=40)
+    batch = pack(trajectories)
+    with torch.no_grad():
+        logprobs = learner._logprobs(batch)
+    advantages = batch.rewards[:, None] * batch.loss_mask
+    expected, _ = sao_policy_loss(logprobs, batch.behaviour_logprobs, advantages, batch.loss_mask)
+    kept = sao_keep_mask(logprobs, batch.behaviour_logprobs, batch.loss_mask)
+    assert 0 < kept.sum() < batch.loss_mask.sum()  # some dropped, some kept
+    m = learner.step(trajectories)
+    assert m["sao/loss"] == pytest.approx(expected.item(), rel=1e-4)
+    assert m["sao/kept_frac"] == pytest.approx(float(kept.sum() / batch.loss_mask.sum()), rel=1e-4)

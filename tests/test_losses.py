@@ -15,6 +15,7 @@ from training.losses import (
     grpo_advantages,
     ppo_clip_loss,
     running_mean_advantages,
+    sao_keep_mask,
     sao_policy_loss,
     skip_observation_gae,
     value_loss,
@@ -28,16 +29,18 @@ def leaf(values, dtype=torch.float32):
 # ---------------------------------------------------------------- SAO policy loss
 
 
-def test_sao_keeps_only_the_band():
+@pytest.mark.parametrize("mean_over,n", [("kept", 1), ("sampled", 3)])
+def test_sao_keeps_only_the_band(mean_over, n):
     # behaviour 0, logprobs [-2, 0, 1.5] -> r = [e^-2, 1, e^1.5] = [0.135, 1, 4.48]
     # eps 0.8 / 3.0 -> band (0.2, 4.0): token 0 dropped low, token 1 kept, token 2 dropped high
-    # A = [2, -1, 3], N = 3 sampled tokens -> loss = -(1 * -1) / 3 = 1/3
-    # grad of a kept token: -r * A / N = -(1 * -1) / 3 = 1/3; dropped tokens: exactly 0
+    # A = [2, -1, 3]; N = 1 kept token (or 3 sampled) -> loss = -(1 * -1) / N = 1/N
+    # grad of a kept token: -r * A / N = -(1 * -1) / N = 1/N; dropped tokens: exactly 0
     logprobs = leaf([[-2.0, 0.0, 1.5]])
-    loss, m = sao_policy_loss(logprobs, torch.zeros(1, 3), torch.tensor([[2.0, -1.0, 3.0]]), torch.ones(1, 3))
+    loss, m = sao_policy_loss(logprobs, torch.zeros(1, 3), torch.tensor([[2.0, -1.0, 3.0]]), torch.ones(1, 3),
+                              mean_over=mean_over)
     loss.backward()
-    assert loss.item() == pytest.approx(1 / 3)
-    assert logprobs.grad.tolist() == [[0.0, pytest.approx(1 / 3), 0.0]]
+    assert loss.item() == pytest.approx(1 / n)
+    assert logprobs.grad.tolist() == [[0.0, pytest.approx(1 / n), 0.0]]
     assert m["sao/mask_frac_low"] == pytest.approx(1 / 3)
     assert m["sao/mask_frac_high"] == pytest.approx(1 / 3)
     assert m["sao/kept_frac"] == pytest.approx(1 / 3)
@@ -53,9 +56,9 @@ def test_sao_band_edges_are_dropped():
     assert logprobs.detach().exp().tolist() == [[0.5, 2.0, 1.0]]
     loss, m = sao_policy_loss(logprobs, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3), eps_low=0.5, eps_high=1.0)
     loss.backward()
-    # loss = -(1 * 1 * 1) / 3; grad of the kept token = -r * A / N = -1/3
-    assert loss.item() == pytest.approx(-1 / 3)
-    assert logprobs.grad.tolist() == [[0.0, 0.0, pytest.approx(-1 / 3)]]
+    # N = 1 kept token: loss = -(1 * 1 * 1) / 1; grad of the kept token = -r * A / N = -1
+    assert loss.item() == pytest.approx(-1.0)
+    assert logprobs.grad.tolist() == [[0.0, 0.0, pytest.approx(-1.0)]]
     assert (m["sao/mask_frac_low"], m["sao/mask_frac_high"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
 
 
@@ -78,16 +81,18 @@ def test_sao_dropped_token_gets_exactly_zero_gradient(advantage, logratio):
     assert loss.item() == 0.0  # the kept token has A = 0
 
 
-def test_sao_kept_gradient_is_r_times_a_over_n():
+@pytest.mark.parametrize("mean_over,n", [("kept", 2), ("sampled", 3)])
+def test_sao_kept_gradient_is_r_times_a_over_n(mean_over, n):
     # row: [kept r=2 A=0.5, off-mask (in band, but loss_mask 0), dropped r=e^1.5 A=1, kept r=1 A=-2]
-    # N = loss_mask.sum() = 3: the dropped token counts, the off-mask one does not
-    # loss = -(2 * 0.5 + 1 * -2) / 3 = 1/3; grads = -r*A/N = [-1/3, 0, 0, 2/3]
+    # N = 2 kept tokens; or 3 sampled (loss_mask.sum(): the dropped token counts, the off-mask
+    # one never does). loss = -(2 * 0.5 + 1 * -2) / N = 1/N; grads = -r*A/N = [-1/N, 0, 0, 2/N]
     logprobs = leaf([[math.log(2.0), 0.0, 1.5, 0.0]])
     mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
-    loss, m = sao_policy_loss(logprobs, torch.zeros(1, 4), torch.tensor([[0.5, 7.0, 1.0, -2.0]]), mask)
+    loss, m = sao_policy_loss(logprobs, torch.zeros(1, 4), torch.tensor([[0.5, 7.0, 1.0, -2.0]]), mask,
+                              mean_over=mean_over)
     loss.backward()
-    assert loss.item() == pytest.approx(1 / 3)
-    assert logprobs.grad.tolist() == [[pytest.approx(-1 / 3), 0.0, 0.0, pytest.approx(2 / 3)]]
+    assert loss.item() == pytest.approx(1 / n)
+    assert logprobs.grad.tolist() == [[pytest.approx(-1 / n), 0.0, 0.0, pytest.approx(2 / n)]]
     assert m["sao/kept_frac"] == pytest.approx(2 / 3)
     assert m["sao/ratio_mean"] == pytest.approx((2 + math.exp(1.5) + 1) / 3)  # off-mask token excluded
 
@@ -107,8 +112,8 @@ def test_sao_overflowing_ratio_is_dropped_without_nan():
     logprobs = leaf([[200.0, 0.0, 300.0]])
     loss, m = sao_policy_loss(logprobs, torch.zeros(1, 3), torch.ones(1, 3), torch.tensor([[1.0, 1.0, 0.0]]))
     loss.backward()
-    assert loss.item() == pytest.approx(-1 / 2)  # only the r=1, A=1 token; N = 2
-    assert logprobs.grad.tolist() == [[0.0, pytest.approx(-1 / 2), 0.0]]
+    assert loss.item() == pytest.approx(-1.0)  # only the r=1, A=1 token, the one kept: N = 1
+    assert logprobs.grad.tolist() == [[0.0, pytest.approx(-1.0), 0.0]]
     assert m["sao/mask_frac_high"] == 0.5
 
 
@@ -126,7 +131,7 @@ def test_sao_normalizer_makes_micro_batches_add_up():
     lp, beh, adv = torch.randn(4, 6) * 0.5, torch.randn(4, 6) * 0.5, torch.randn(4, 6)
     mask = (torch.rand(4, 6) > 0.3).float()
     full, _ = sao_policy_loss(lp, beh, adv, mask)
-    n = mask.sum().item()
+    n = sao_keep_mask(lp, beh, mask).sum().item()  # the whole batch's kept tokens
     parts = [sao_policy_loss(lp[r], beh[r], adv[r], mask[r], normalizer=n)[0] for r in (slice(0, 1), slice(1, 4))]
     assert sum(p.item() for p in parts) == pytest.approx(full.item(), abs=1e-6)
 
@@ -151,7 +156,7 @@ def test_sao_gradient_property(seed, B, T):
     loss.backward()
     r = (logprobs.detach() - behaviour).exp()
     keep = mask.bool() & (r > 0.2) & (r < 4.0)
-    n = max(mask.sum().item(), 1.0)
+    n = max(keep.sum().item(), 1.0)
     assert torch.all(logprobs.grad[~keep] == 0)
     torch.testing.assert_close(logprobs.grad[keep], -r[keep] * adv[keep] / n)
 

@@ -34,6 +34,7 @@ class SAO:
     lr_critic: float = 5e-6
     mask: bool = True  # ablation switch: False keeps every token (no band)
     policy_minibatches: int = 1  # optimizer steps per learner step, each on its share of the batch
+    token_mean: str = "kept"  # the loss's mean over kept tokens (DESIGN), or over all sampled ones
     name: str = "sao"
     group_size: int = 1
     _history: deque = field(default_factory=deque, repr=False)
@@ -41,6 +42,8 @@ class SAO:
     def __post_init__(self):
         if self.baseline not in ("critic", "running_mean"):
             raise ValueError(f"algo.baseline must be 'critic' or 'running_mean', got {self.baseline!r}")
+        if self.token_mean not in ("kept", "sampled"):
+            raise ValueError(f"algo.token_mean must be 'kept' or 'sampled', got {self.token_mean!r}")
         self._history = deque(maxlen=self.baseline_window)
 
     @property
@@ -61,10 +64,22 @@ class SAO:
         """After a step: the running-mean baseline sees this batch's rewards."""
         self._history.extend(rewards.tolist())
 
+    @property
+    def _band(self) -> tuple[float, float]:
+        return (self.eps_low, self.eps_high) if self.mask else (float("inf"), float("inf"))
+
+    def loss_tokens(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:
+        """The token count `rows`' loss is a mean over: their kept tokens, judged with the
+        weights at the start of the step (exact for the first policy mini-batch, the only one
+        by default), or all their sampled tokens."""
+        if self.token_mean == "sampled":
+            return float(batch.loss_mask[rows].sum())
+        keep = losses.sao_keep_mask(old_logprobs[rows], batch.behaviour_logprobs[rows], batch.loss_mask[rows], *self._band)
+        return float(keep.sum())
+
     def policy_loss(self, logprobs, mb: Batch, advantages, old_logprobs, normalizer):
-        band = (self.eps_low, self.eps_high) if self.mask else (float("inf"), float("inf"))
         return losses.sao_policy_loss(logprobs, mb.behaviour_logprobs, advantages, mb.loss_mask,
-                                      band[0], band[1], normalizer=normalizer)
+                                      *self._band, normalizer=normalizer, mean_over=self.token_mean)
 
     def state_dict(self) -> dict:
         return {"history": list(self._history)}
@@ -98,6 +113,10 @@ class GRPO:
 
     def observe_rewards(self, rewards) -> None:
         pass
+
+    def loss_tokens(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:
+        """PPO's token mean is over every sampled token of `rows`."""
+        return float(batch.loss_mask[rows].sum())
 
     def policy_loss(self, logprobs, mb: Batch, advantages, old_logprobs, normalizer):
         mask = mb.loss_mask

@@ -32,6 +32,19 @@ def _denominator(loss_mask: torch.Tensor, normalizer: float | None) -> torch.Ten
     return loss_mask.float().sum().clamp(min=1.0)
 
 
+def sao_keep_mask(
+    logprobs: torch.Tensor,  # [B, T] learner's log pi_theta(target)
+    behaviour_logprobs: torch.Tensor,  # [B, T] the engine's logprob when it sampled the token
+    loss_mask: torch.Tensor,  # [B, T] 1 (or True) on sampled tokens
+    eps_low: float = 0.8,
+    eps_high: float = 3.0,
+) -> torch.Tensor:  # [B, T] bool, no grad
+    """The sampled tokens SAO keeps: 1 - eps_low < r < 1 + eps_high, strict at both edges."""
+    with torch.no_grad():
+        ratio = (logprobs - behaviour_logprobs).exp()
+        return loss_mask.bool() & (ratio > 1 - eps_low) & (ratio < 1 + eps_high)
+
+
 def sao_policy_loss(
     logprobs: torch.Tensor,  # [B, T] learner's log pi_theta(target), requires grad
     behaviour_logprobs: torch.Tensor,  # [B, T] the engine's logprob when it sampled the token
@@ -40,6 +53,7 @@ def sao_policy_loss(
     eps_low: float = 0.8,
     eps_high: float = 3.0,
     normalizer: float | None = None,
+    mean_over: str = "kept",
 ) -> tuple[torch.Tensor, Metrics]:
     """SAO's policy loss: ratio against the sampler, strict two-sided token mask, no clamp.
 
@@ -47,22 +61,26 @@ def sao_policy_loss(
     1 - eps_low < r < 1 + eps_high (strict: a ratio exactly on an edge is dropped); a dropped
     token gets exactly zero gradient whatever the sign of its advantage. The loss is
     -sum(keep * r * A) / N, so a kept token's gradient w.r.t. its logprob is -r * A / N.
-    N is the number of sampled tokens (loss_mask.sum(), or `normalizer`): dropped tokens count
-    in the denominator, so a batch with many dropped tokens takes a smaller step rather than
-    a re-weighted one. An all-zero mask gives loss 0 that still backpropagates (zeros).
+    N is the token count the mean is over: the kept tokens (`mean_over="kept"`, DESIGN.md's
+    "token-level mean over the batch's unmasked tokens"), or every sampled token
+    (`mean_over="sampled"`: dropped tokens count, so a batch with many of them takes a smaller
+    step), or `normalizer` when given (a learner's whole-batch count, for micro-batches).
+    An empty keep mask gives loss 0 that still backpropagates (zeros).
     """
+    if mean_over not in ("kept", "sampled"):
+        raise ValueError(f"mean_over must be 'kept' or 'sampled', got {mean_over!r}")
     sampled = loss_mask.bool()
     logratio = logprobs - behaviour_logprobs
+    keep = sao_keep_mask(logprobs, behaviour_logprobs, loss_mask, eps_low, eps_high)
     with torch.no_grad():
         ratio_seen = logratio.exp()
         low = sampled & (ratio_seen <= 1 - eps_low)
         high = sampled & (ratio_seen >= 1 + eps_high)
-        keep = sampled & (ratio_seen > 1 - eps_low) & (ratio_seen < 1 + eps_high)
     # Zero the log-ratio of dropped tokens before exp: keep * exp(x) would give 0 * inf = NaN
     # (forward and backward) for a ratio that overflows; where() passes them exactly zero grad.
     ratio = torch.where(keep, logratio, torch.zeros_like(logratio)).exp()
     pg_loss = -(keep.to(ratio.dtype) * ratio * _per_token(advantages, ratio)).sum()
-    loss = pg_loss / _denominator(loss_mask, normalizer)
+    loss = pg_loss / _denominator(keep if mean_over == "kept" else loss_mask, normalizer)
     n = sampled.sum().clamp(min=1).item()
     metrics = {
         "sao/loss": loss.item(),

@@ -179,20 +179,21 @@ class TorchLearner:
         for i in range(M):
             share = list(range(i, len(batch), M))
             mine = [share[j] for j in distributed.shard_rows([lengths[r] for r in share], self.dist.rank, self.dist.world)]
-            n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)  # the share's token-mean denominator
+            n_loss = max(self.algo.loss_tokens(batch, share, old_logp), 1.0)  # the share's token-mean denominator
+            n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)  # metrics are means over sampled tokens
             for k, v in self._policy_step(batch, self._micro_batches(batch, mine), advantages, old_logp,
-                                          n_sampled).items():
+                                          n_loss, n_sampled).items():
                 acc[k] += v / M
         return dict(acc)
 
-    def _policy_step(self, batch, parts, advantages, old_logp, n_sampled) -> dict[str, float]:
+    def _policy_step(self, batch, parts, advantages, old_logp, n_loss, n_sampled) -> dict[str, float]:
         self.policy_opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = defaultdict(float)
         for rows in parts:
             mb = batch.select(rows)
             n = mb.input_ids.shape[1]
             loss, m = self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n),
-                                            _rows(old_logp, rows, n), n_sampled)
+                                            _rows(old_logp, rows, n), n_loss)
             loss.backward()
             _accumulate(acc, m, mb.num_sampled / n_sampled)
         distributed.sum_gradients(self.policy)
