@@ -2,9 +2,9 @@
 
 Every per-token tensor is laid out by position, as in `training.batch`: `loss_mask[b, t] = 1`
 exactly where the engine sampled the token predicted at position t. Losses are token-level
-means over the sampled tokens; `normalizer` lets a learner that splits a batch into
-micro-batches divide every micro-batch by the whole batch's sampled-token count, so that the
-accumulated gradient equals the full batch's token mean.
+means over the sampled tokens (SAO's over the ones its band keeps); `normalizer` lets a
+learner that splits a batch into micro-batches divide every micro-batch by the whole batch's
+token count, so that the accumulated gradient equals the full batch's token mean.
 
 Metrics come back as plain floats under namespaced keys (`sao/`, `ppo/`, `value/`).
 """
