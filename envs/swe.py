@@ -1,9 +1,10 @@
 """The SWE env: a repository at a base commit; a patch is graded by running its tests.
 
-Grading follows SWE-bench: the workspace goes back to the base commit, the patch is applied
-(`git apply`, then `git apply --reject`, then `patch --fuzz`), the test files are reset, the
-test patch is applied, the tests run under a timeout, and swebench's own `get_eval_report`
-reads the log. Resolved = every FAIL_TO_PASS and every PASS_TO_PASS test passes.
+Grading follows SWE-bench 5: the workspace goes back to the base commit, the patch is applied
+by the first of swebench's commands that succeeds (`APPLY_CMDS`; the workspace is reset before
+each retry), the test files are reset, the test patch is applied, the tests run under a
+timeout, and swebench's own `get_eval_report` reads the log. Resolved = every FAIL_TO_PASS and
+every PASS_TO_PASS test passes.
 """
 
 from __future__ import annotations
@@ -30,11 +31,21 @@ from sandbox.docker import DEFAULT_IMAGE
 PROMPT_FILE = Path(__file__).parent / "prompts" / "swe.txt"
 # Written into .git/info/exclude so byte-code and caches never show up in a diff.
 EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n*.egg-info/\n"
+# swebench 5's GIT_APPLY_CMDS, in its order
 APPLY_CMDS = [
     "git apply --verbose {p}",
+    "git apply --verbose --3way {p}",
     "git apply --verbose --reject {p}",
-    "patch --batch --fuzz=5 -p1 -i {p}",
+    "patch --batch --forward --fuzz=5 -p1 -i {p}",
 ]
+# Between attempts: a failed `--reject` leaves the hunks it could apply (and .rej files), which
+# `patch` would then take as reversed or already applied. swebench resets with `git checkout
+# -- . ; git clean -fd`; a failed `--3way` also writes the index (it implies --index), which
+# `checkout -- .` restores from, so the index is reset too. HEAD is the base commit here.
+RESET_CMD = "git reset -q --hard && git clean -fdq"
+# as swebench: every command failed, yet the tree may hold the whole patch (checked in reverse)
+APPLIED_CHECK = "git apply --check --reverse {p}"
+PATCH_FILE = "/tmp/sao_model.patch"
 _HEREDOC = "EOF_SAO_5f3c1e"
 
 
@@ -138,16 +149,11 @@ class SWEEnv:
         r = sandbox.exec(f"git reset -q --hard {base} && git clean -fdq", timeout=120)
         if not r.ok:
             raise SandboxError(f"task {task.instance_id}: cannot reset the workspace: {r.output[-1000:]}")
-        log = ""
         if not result.empty_patch:
-            sandbox.write_file("/tmp/sao_model.patch", patch if patch.endswith("\n") else patch + "\n")
-            for cmd in APPLY_CMDS:
-                r = sandbox.exec(cmd.format(p="/tmp/sao_model.patch"), timeout=120)
-                if r.ok:
-                    break
-                log += f"$ {cmd.format(p='model.patch')}\n{r.output}\n"
-            else:
-                result.error = "patch does not apply: " + r.output.strip()[-500:]
+            failed = self._apply(sandbox, patch)
+            if failed is not None:
+                log, last = failed
+                result.error = "patch does not apply: " + last.strip()[-500:]
                 result.log = log + APPLY_PATCH_FAIL + "\n"
                 return self._finish(result, task, patch, start)
         result.patch_applied = True
@@ -158,10 +164,29 @@ class SWEEnv:
         if r.timed_out:
             result.timed_out = True
             result.error = f"tests timed out after {self.test_timeout_s:g}s"
-            result.log += f"\n{TESTS_TIMEOUT}\n"
+            # swebench's own line too: its run report reads it as an ambiguous failure (tests_timed_out)
+            result.log += f"\n{TESTS_TIMEOUT}\n\nTimeout error: {self.test_timeout_s:g} seconds exceeded.\n"
         elif r.oom_killed:
             result.error = "tests were killed: out of memory"
         return self._finish(result, task, patch, start, spec)
+
+    def _apply(self, sandbox: Sandbox, patch: str) -> tuple[str, str] | None:
+        """Apply `patch` to the workspace as swebench does: None when it applied, else the log
+        of the failed commands and the last one's output."""
+        sandbox.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
+        log = ""
+        for attempt, cmd in enumerate(APPLY_CMDS):
+            if attempt:
+                r = sandbox.exec(RESET_CMD, timeout=120)
+                if not r.ok:
+                    raise SandboxError(f"cannot reset the workspace between patch attempts: {r.output[-1000:]}")
+            r = sandbox.exec(cmd.format(p=PATCH_FILE), timeout=120)
+            if r.ok:
+                return None
+            log += f"$ {cmd.format(p='model.patch')}\n{r.output}\n"
+        if sandbox.exec(APPLIED_CHECK.format(p=PATCH_FILE), timeout=120).ok:
+            return None
+        return log, r.output
 
     def read_log(self, task: Task, log: str, patch: str) -> GradeResult:
         """The grade of a test log already made (the patch applied, the tests run): swebench's

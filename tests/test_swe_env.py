@@ -74,6 +74,9 @@ def test_test_timeout_is_reported(make_sandbox, calc_task):
     r = grade(make_sandbox, task, calc_task.patch, test_timeout_s=4)
     assert r.timed_out and not r.resolved
     assert r.error == "tests timed out after 4s"
+    from swebench.harness.infra_failure import classify_text
+
+    assert classify_text(r.log) == ("tests_timed_out", "ambiguous")  # swebench's run report reads it so
 
 
 def test_swebench_v5_row_with_its_own_eval_script_and_parser(make_sandbox, calc_task):
@@ -90,3 +93,29 @@ def test_swebench_v5_row_with_its_own_eval_script_and_parser(make_sandbox, calc_
     assert r.resolved and "--tb=line" in r.log, r.log[-2000:]
     r = grade(make_sandbox, task, "")
     assert not r.resolved and r.tests_status["test_new.py::test_clamp_high"] == "FAILED"
+
+
+def test_workspace_is_reset_between_patch_attempts(make_sandbox, calc_task):
+    """Hunk 1 applies exactly, hunk 2 only with fuzz (a context line differs). `git apply`
+    and `--3way` fail, `--reject` applies hunk 1 alone and fails; `patch --forward --fuzz`
+    then needs the clean tree swebench resets to: on the half-patched one it would skip the
+    file as already applied (and without --forward, reverse hunk 1)."""
+    fixed = CALC_V1.replace("    return a + b", "    # the sum\n    return a + b")
+    patch = unified_patch("calc.py", CALC_BUGGY, fixed)
+    docstring = '     """Return x limited to [lo, hi]."""'
+    patch = patch.replace(docstring, docstring.replace("to [", "to the range ["))
+    assert patch.count("@@ -") == 2 and "the range" in patch
+    env, sb = SWEEnv(), make_sandbox()
+    env.reset(calc_task, sb)
+    r = env.grade(calc_task, sb, patch)
+    assert r.patch_applied and r.resolved, r.log[-2000:]
+    assert sb.read_file("calc.py") == fixed  # both hunks, once each
+    assert ".rej" not in sb.exec("git status --porcelain").output  # --reject's leftovers were cleaned
+
+
+def test_apply_commands_are_swebenchs():
+    from swebench.harness.run_evaluation import GIT_APPLY_CMDS
+
+    from envs.swe import APPLY_CMDS
+
+    assert [c.removesuffix(" {p}") for c in APPLY_CMDS] == GIT_APPLY_CMDS
