@@ -29,7 +29,9 @@ class SandboxPool:
         self.retries = retries
         self._slots = threading.BoundedSemaphore(max_live)
         self._images: dict[str, SandboxError | None] = {}  # image -> None (here) or why it is not
-        self._images_lock = threading.Lock()
+        self._images_lock = threading.Lock()  # guards _image_locks and _pulling
+        self._image_locks: dict[str, threading.Lock] = {}  # held while that image is checked or pulled
+        self._pulling = 0
         self._client: docker.DockerClient = client()
         removed = sweep(docker_client=self._client)
         if removed:
@@ -48,25 +50,39 @@ class SandboxPool:
 
     def ensure_image(self, image: str) -> None:
         """Pull `image` (with progress) the first time it is asked for and is missing; a failed
-        pull is remembered, so every later task on that image fails at once with the reason."""
+        pull is remembered, so every later task on that image fails at once with the reason.
+        A pull holds only its image's lock: sandboxes of other images start meanwhile."""
         with self._images_lock:
+            lock = self._image_locks.setdefault(image, threading.Lock())
+        with lock:
             if image not in self._images:
-                try:
-                    self._client.images.get(image)
-                    self._images[image] = None
-                except docker.errors.ImageNotFound:
-                    from sandbox.images import pull_image
-
-                    try:
-                        pull_image(image, self._client)
-                        self._images[image] = None
-                    except SandboxError as e:
-                        self._images[image] = e
-                except docker.errors.APIError as e:
-                    raise SandboxError(f"cannot ask the Docker engine about image {image!r}: {e}") from e
+                self._images[image] = self._fetch(image)
             error = self._images[image]
         if error is not None:
             raise SandboxError(str(error))
+
+    def _fetch(self, image: str) -> SandboxError | None:
+        """None when `image` is here or was pulled; the pull's error when it was not."""
+        try:
+            self._client.images.get(image)
+            return None
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as e:  # not remembered: the engine may answer next time
+            raise SandboxError(f"cannot ask the Docker engine about image {image!r}: {e}") from e
+        from sandbox.images import pull_image
+
+        with self._images_lock:  # one progress bar at a time: concurrent live displays garble the terminal
+            show_progress = not self._pulling
+            self._pulling += 1
+        try:
+            pull_image(image, self._client, show_progress=show_progress)
+            return None
+        except SandboxError as e:
+            return e
+        finally:
+            with self._images_lock:
+                self._pulling -= 1
 
     def _start(self, image: str) -> DockerSandbox:
         for attempt in range(self.retries + 1):

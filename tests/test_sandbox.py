@@ -153,3 +153,45 @@ def test_limits_are_applied(make_sandbox, docker_client):
     assert host["NetworkMode"] == "none"
     assert host["Memory"] == 300 * 2**20 and host["NanoCpus"] == 5 * 10**8 and host["PidsLimit"] == 100
     assert Limits().pids > 0
+
+
+def test_a_pull_holds_up_only_its_own_image(docker_client, monkeypatch):
+    """While an image is pulled, a sandbox of an image already here starts; a second ask for
+    the image being pulled waits for that pull rather than pulling it again."""
+    import sandbox.images
+    from sandbox.pool import SandboxPool
+
+    pulling, release, pulls = threading.Event(), threading.Event(), []
+
+    def slow_pull(name, docker_client=None, show_progress=True):  # stands in for a registry
+        pulls.append(name)
+        pulling.set()
+        assert release.wait(60)
+
+    monkeypatch.setattr(sandbox.images, "pull_image", slow_pull)
+    pool = SandboxPool(RUN_ID, max_live=2)
+    missing, started = "sao-test/never-here:1", []
+
+    def start_one():
+        with pool.sandbox("sao-sandbox:bookworm") as sb:
+            started.append(sb.exec("echo up").output)
+
+    pullers = [threading.Thread(target=pool.ensure_image, args=(missing,)) for _ in range(2)]
+    other = threading.Thread(target=start_one)
+    try:
+        for t in pullers:
+            t.start()
+        assert pulling.wait(10)
+        other.start()
+        other.join(30)
+        assert not other.is_alive() and started == ["up\n"]  # not held up by the pull
+        assert all(t.is_alive() for t in pullers)  # the pull and the one waiting on it
+        release.set()
+        for t in pullers:
+            t.join(10)
+        assert pulls == [missing]  # pulled once
+    finally:
+        release.set()
+        if other.ident is not None:
+            other.join(60)  # its sandbox is closed before the pool sweeps
+        pool.close()
