@@ -9,11 +9,11 @@ the agent's environment apart from the evaluation's). A job's files, in `out/run
     error.txt                             when the job failed (image missing, sandbox, engine)
     result.json                           the job's record, written last: a job with one is done
 
-`out/eval_settings.json` holds what the results depend on (model, dataset, limits, sampling).
-`--resume` skips the jobs that have a `result.json` and keeps their results (a job that
-ended in `error` runs again: that is an infrastructure fault, not a result), and refuses when
-the settings differ. A failure of one job is recorded (status `error` with its reason) and
-never stops the others.
+`out/eval_settings.json` holds what the results depend on (model, dataset, engine, dtype,
+limits, timeouts, sampling). `--resume` skips the jobs that have a `result.json` and keeps
+their results (a job that ended in `error` runs again, in an emptied directory: that is an
+infrastructure fault, not a result), and refuses when the settings differ. A failure of one
+job is recorded (status `error` with its reason) and never stops the others.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from sandbox.pool import SandboxPool
 
 log = logging.getLogger(__name__)
 SETTINGS_FILE = "eval_settings.json"
+# recorded, but a resume may change them: they decide how much memory vLLM takes, not what it samples
+UNCHECKED_SETTINGS = frozenset({"gpu_memory_utilization"})
 
 
 class OutputError(ValueError):
@@ -89,7 +91,8 @@ def prepare_output(out: Path, settings: dict[str, Any], resume: bool = False, ov
     path = out / SETTINGS_FILE
     if resume and earlier and path.exists():
         before = json.loads(path.read_text())
-        changed = [f"{k}: {before.get(k)!r} -> {v!r}" for k, v in settings.items() if before.get(k) != v]
+        changed = [f"{k}: {before.get(k)!r} -> {v!r}" for k, v in settings.items()
+                   if k not in UNCHECKED_SETTINGS and before.get(k) != v]
         if changed:
             raise OutputError(f"--resume: {path} was made with other settings ({'; '.join(changed)}); "
                               "use another --output, or --overwrite to start over")
@@ -104,8 +107,11 @@ def prepare_output(out: Path, settings: dict[str, Any], resume: bool = False, ov
 
 def run_job(agent: Agent, task: Task, env: Env, pool: SandboxPool, out: Path, run: int, seed: int,
             model_name: str) -> RolloutRecord:
-    """Rollout, prediction, grading for one (run, instance); never raises."""
+    """Rollout, prediction, grading for one (run, instance); never raises. The job's directory
+    starts empty: a rerun (of an errored or unfinished job) keeps nothing of the run before,
+    such as its error.txt, which the run report would read."""
     inst = job_dir(out, run, task.instance_id)
+    shutil.rmtree(inst, ignore_errors=True)
     inst.mkdir(parents=True, exist_ok=True)
     record = RolloutRecord(run, task.instance_id, "error")
     t0 = time.monotonic()

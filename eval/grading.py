@@ -74,6 +74,8 @@ def grade_one(task: Task, prediction: dict[str, Any], env: Env, pool: SandboxPoo
     iid = task.instance_id
     inst_dir = out_dir / iid
     inst_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("error.txt", "test_output.txt", "report.json"):  # an earlier grading's, into this --output
+        (inst_dir / name).unlink(missing_ok=True)
     patch = prediction.get("model_patch") or ""
     (inst_dir / "patch.diff").write_text(patch)
     if not patch.strip():  # as swebench: an empty patch is counted, not run

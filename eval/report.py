@@ -34,9 +34,35 @@ if TYPE_CHECKING:  # eval.agent_eval imports the agent (torch); grading alone do
 Z95 = 1.959964
 
 
-def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[InstanceOutcome]) -> dict[str, Any]:
-    """swebench's run-report keys (as `make_run_report` writes them), plus error reasons and
-    the resolved rate over all instances."""
+def classify_failures(outcomes: list[InstanceOutcome], log_dir: Path) -> dict[str, tuple[str, str]]:
+    """Why unresolved and errored instances likely failed, as swebench 5 classifies it
+    (`swebench.harness.infra_failure`): instance id -> (reason, tier), tier `environment` (the
+    environment broke, not the patch) or `ambiguous` (either could). Read from each instance's
+    `test_output.txt` and `error.txt` in `log_dir/<id>/` and its error; advisory only, as in
+    swebench: the instances stay unresolved or errored."""
+    from swebench.harness.infra_failure import classify_text
+
+    found = {}
+    for o in outcomes:
+        if o.status not in ("unresolved", "error"):
+            continue
+        files = [log_dir / o.instance_id / name for name in ("test_output.txt", "error.txt")]
+        text = "\n".join([*(f.read_text(errors="replace") for f in files if f.is_file()), o.error or ""])
+        if (found_one := classify_text(text)) is not None:
+            found[o.instance_id] = found_one
+    return found
+
+
+def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[InstanceOutcome],
+               log_dir: Path | None = None) -> dict[str, Any]:
+    """swebench 5's run-report keys (as `make_run_report` writes them, failure classification
+    from the logs in `log_dir` included), plus error reasons and the resolved rate over all
+    instances."""
+    from swebench.harness.infra_failure import TIER_ENVIRONMENT
+
+    failures = classify_failures(outcomes, log_dir) if log_dir is not None else {}
+    infra = sorted(iid for iid, (_, tier) in failures.items() if tier == TIER_ENVIRONMENT)
+    ambiguous = sorted(iid for iid, (_, tier) in failures.items() if tier != TIER_ENVIRONMENT)
     by_status: dict[str, list[str]] = defaultdict(list)
     for o in outcomes:
         by_status[o.status].append(o.instance_id)
@@ -49,6 +75,8 @@ def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[In
         "completed_instances": len(completed),
         "resolved_instances": len(ids("resolved")),
         "unresolved_instances": len(ids("unresolved")),
+        "infra_failure_instances": len(infra),
+        "ambiguous_failure_instances": len(ambiguous),
         "empty_patch_instances": len(ids("empty_patch")),
         "error_instances": len(ids("error")),
         "completed_ids": completed,
@@ -57,6 +85,9 @@ def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[In
         "submitted_ids": sorted(predictions),
         "resolved_ids": ids("resolved"),
         "unresolved_ids": ids("unresolved"),
+        "infra_failure_ids": infra,
+        "ambiguous_failure_ids": ambiguous,
+        "failure_reasons": {iid: reason for iid, (reason, _) in sorted(failures.items())},
         "error_ids": ids("error"),
         "error_reasons": {o.instance_id: o.error for o in outcomes if o.status == "error"},
         "resolved_rate": len(ids("resolved")) / total if total else 0.0,
@@ -90,6 +121,10 @@ def print_summary(report: dict[str, Any], tasks: list[Task], outcomes: list[Inst
     console.print(table)
     for iid, reason in report["error_reasons"].items():
         console.print(f"[red]error[/red] {iid}: {escape(reason)}", soft_wrap=True)
+    if report["failure_reasons"]:
+        console.print(f"likely infrastructure failures: {report['infra_failure_instances']}, ambiguous failures: "
+                      f"{report['ambiguous_failure_instances']} (why: failure_reasons in report.json)")
+
 
 def wilson(p: float, n: int, z: float = Z95) -> tuple[float, float]:
     if n == 0:
@@ -219,7 +254,7 @@ def write_agent_reports(records: list[list[RolloutRecord]], tasks: list[Task], o
     per_run = []
     for k, run in enumerate(records):
         write_predictions(out / f"run_{k}" / "predictions.jsonl", run, model_name)
-        per_run.append(run_report(tasks, {r.instance_id: r for r in run}, [r.outcome() for r in run]))
+        per_run.append(run_report(tasks, {r.instance_id: r for r in run}, [r.outcome() for r in run], out / f"run_{k}"))
         (out / f"run_{k}" / "report.json").write_text(json.dumps(per_run[-1], indent=2))
     shutil.copyfile(out / "run_0" / "predictions.jsonl", out / "predictions.jsonl")
     summary = summarize(tasks, records)

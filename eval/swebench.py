@@ -1,7 +1,8 @@
 """Evaluate a checkpoint on SWE-bench (Verified by default), or grade a predictions file.
 
     python -m eval.swebench --ckpt PATH [--dataset NAME|FILE|builtin] [--runs N] [--max-turns 50]
-        [--engine auto|vllm|hf] [--max-workers N] [--instance-ids ID ...] [--resume] --output DIR
+        [--engine auto|vllm|hf] [--dtype auto|float32|bfloat16|float16] [--gpu-memory-utilization F]
+        [--device auto|cpu|cuda] [--max-workers N] [--instance-ids ID ...] [--resume] --output DIR
     python -m eval.swebench --predictions FILE|gold [--dataset ...] --output DIR
 
 With `--ckpt` the agent runs once per instance and run in sandboxes, its diffs become
@@ -20,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from agent.engines import DTYPES, resolve_device, resolve_dtype
 from envs.base import Task, make_env
 from envs.data import DatasetError, load_tasks
 from eval.grading import PredictionsError, grade_all, load_predictions
@@ -51,10 +53,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None, help="default: outputs/eval/<run-id>")
     p.add_argument("--max-workers", type=int, default=2, help="instances at once")
     p.add_argument("--instance-ids", nargs="+", default=None)
-    p.add_argument("--test-timeout", type=float, default=600.0, help="seconds for one run of a task's tests")
-    p.add_argument("--memory-mb", type=int, default=Limits.memory_mb)
+    p.add_argument("--test-timeout", type=float, default=1800.0,
+                   help="seconds for one run of a task's tests (swebench's default, 1800)")
+    p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory of one sandbox")
+    p.add_argument("--cpus", type=float, default=Limits.cpus, help="CPUs of one sandbox")
     agent = p.add_argument_group("the agent (with --ckpt)")
     agent.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vllm where installed")
+    agent.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                       help="the model's weights and activations; auto: bfloat16 where CUDA is available, else float32")
+    agent.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="vllm: the share of GPU memory it takes (default 0.9 with CUDA, else 0.15)")
+    agent.add_argument("--device", default="auto", help="hf: cpu, cuda or cuda:N (auto: cuda where available)")
     agent.add_argument("--runs", type=int, default=1, help="runs per instance; pass@1 is averaged over them")
     agent.add_argument("--max-turns", type=int, default=50, help="the paper's coding runs use up to 300")
     agent.add_argument("--max-tokens", type=int, default=None,
@@ -70,6 +79,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("max_workers", "runs", "max_turns", "max_tokens", "max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("test_timeout", "rollout_timeout", "cpus"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
+        p.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite exclude each other")
     return args
@@ -112,6 +126,45 @@ def warn_about_eval_scripts(tasks: list[Task]) -> None:
                     "export that carries eval_script", len(bare), bare[0])
 
 
+def engine_kind(asked: str) -> str:
+    """`auto` is vllm where it is installed, else hf."""
+    if asked != "auto":
+        return asked
+    from agent.engines.vllm import vllm_available
+
+    return "vllm" if vllm_available() else "hf"
+
+
+def engine_options(args: argparse.Namespace, kind: str, max_tokens: int) -> dict:
+    """The engine's options with `auto` resolved for this machine: hf gets its device and dtype;
+    vllm its dtype, the context and its share of GPU memory (0.9 with CUDA: the evaluation has
+    the GPU to itself; else the engine's own 0.15)."""
+    import torch
+
+    try:  # the messages begin with the option's name and value
+        dtype = resolve_dtype(args.dtype)
+        device = resolve_device(args.device) if kind == "hf" else None
+    except ValueError as e:
+        raise UsageError(f"--{e}") from e
+    if kind == "hf":
+        if args.gpu_memory_utilization is not None:
+            log.warning("--gpu-memory-utilization applies to the vllm engine; the hf engine ignores it")
+        return {"device": device, "dtype": dtype}
+    if args.device != "auto":
+        log.warning("--device applies to the hf engine; vLLM runs on the platform it was built for")
+    share = args.gpu_memory_utilization or (0.9 if torch.cuda.is_available() else 0.15)
+    return {"dtype": dtype, "max_model_len": max_tokens, "gpu_memory_utilization": share}
+
+
+def run_settings(args: argparse.Namespace, model: str, kind: str, max_tokens: int, options: dict) -> dict:
+    """What the results depend on, as `--resume` compares them (eval.agent_eval.prepare_output)."""
+    engine = {k: v for k, v in options.items() if k != "max_model_len"}  # that is max_tokens
+    return {"model": model, "dataset": args.dataset, "split": args.split, "engine": kind, **engine,
+            "max_turns": args.max_turns, "max_tokens": max_tokens, "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+            "test_timeout": args.test_timeout, "rollout_timeout": args.rollout_timeout}
+
+
 def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: SandboxPool, out: Path) -> dict:
     """The story of `--ckpt`: the model, the output directory, the engine and agent, the
     rollouts with their grades, the reports."""
@@ -126,26 +179,21 @@ def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: 
         max_tokens = context_length(model, args.max_tokens)
     except OSError as e:  # a hub name without the hub, an unreadable config.json
         raise UsageError(f"--ckpt {args.ckpt}: cannot read the model's config ({e})") from e
-    settings = {"model": model, "dataset": args.dataset, "split": args.split, "max_turns": args.max_turns,
-                "max_tokens": max_tokens, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                "top_p": args.top_p, "seed": args.seed}
+    kind = engine_kind(args.engine)
+    options = engine_options(args, kind, max_tokens)
     try:
-        prepare_output(out, settings, args.resume, args.overwrite)
+        prepare_output(out, run_settings(args, model, kind, max_tokens, options), args.resume, args.overwrite)
     except OutputError as e:
         raise UsageError(str(e)) from e
-    kind = args.engine
-    if kind == "auto":
-        from agent.engines.vllm import vllm_available
-
-        kind = "vllm" if vllm_available() else "hf"
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-        engine = SharedEngine(make_engine(kind, model, **({"max_model_len": max_tokens} if kind == "vllm" else {})))
+        engine = SharedEngine(make_engine(kind, model, **options))
     except Exception as e:  # a broken directory, no vLLM, a context longer than the model's
         raise UsageError(f"--ckpt {args.ckpt}: cannot load {model} on engine {kind} ({type(e).__name__}: {e})") from e
-    console.print(f"agent: {model} on {kind}, {len(tasks)} instance(s) x {args.runs} run(s), "
+    console.print(f"agent: {model} on {kind} ({', '.join(f'{k} {v}' for k, v in options.items())}), "
+                  f"{len(tasks)} instance(s) x {args.runs} run(s), "
                   f"up to {args.max_turns} turns and {max_tokens} tokens -> {out}")
     config = AgentConfig(max_turns=args.max_turns, max_tokens=max_tokens, max_new_tokens=args.max_new_tokens,
                          wall_time_s=args.rollout_timeout, temperature=args.temperature, top_p=args.top_p)
@@ -159,7 +207,7 @@ def grade_predictions(args: argparse.Namespace, tasks: list[Task], predictions: 
     """The story of `--predictions`: grade each, write swebench's run report, print the table."""
     console.print(f"grading {len(predictions)} prediction(s) for {len(tasks)} instance(s) -> {out}")
     outcomes = grade_all(tasks, predictions, env, pool, out, args.max_workers)
-    report = run_report(tasks, predictions, outcomes)
+    report = run_report(tasks, predictions, outcomes, out)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     print_summary(report, tasks, outcomes, console)
     return report
@@ -176,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         predictions = load_predictions(args.predictions, tasks) if args.predictions else None
         warn_about_eval_scripts(tasks)
         env = make_env("swe", test_timeout_s=args.test_timeout)
-        pool = SandboxPool(args.run_id, Limits(memory_mb=args.memory_mb), max_live=args.max_workers)
+        pool = SandboxPool(args.run_id, Limits(memory_mb=args.memory_mb, cpus=args.cpus), max_live=args.max_workers)
     except (DatasetError, PredictionsError, SandboxError, UsageError) as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return 2

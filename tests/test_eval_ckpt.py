@@ -167,6 +167,11 @@ def test_engine_error_is_recorded_and_the_run_goes_on(tmp_path, docker_client, t
     assert report["error_reasons"][IDS[0]] == "RuntimeError: engine fault on purpose"
     assert "engine fault on purpose" in (out / "run_0" / IDS[0] / "error.txt").read_text()
     assert report["resolved_rate"] == 0.5 and "## Errors" in (out / "report.md").read_text()
+    # resumed, the errored job runs again and resolves: its old error.txt does not outlive it
+    engine = Scripted(tokenizer, tasks[:2], gold=True)
+    report = evaluate(engine, tokenizer, tasks[:2], out, resume=True, max_workers=1)
+    assert engine.calls == 2 and report["resolved_rate"] == 1.0 and report["error_ids"] == []
+    assert not (out / "run_0" / IDS[0] / "error.txt").exists()
 
 
 @pytest.mark.docker
@@ -211,7 +216,12 @@ def test_tiny_model_end_to_end_through_the_cli(tmp_path, docker_client, tiny):
         assert traj.num_sampled > 0 and traj.turns >= 1 and traj.info["model"] == tiny
     md = (out / "report.md").read_text()
     assert "## By repository" in md and "95% interval" in md and (out / "report.png").stat().st_size > 5000
-    assert json.loads((out / "eval_settings.json").read_text())["max_tokens"] == 4096
+    settings = json.loads((out / "eval_settings.json").read_text())
+    assert settings["max_tokens"] == 4096 and settings["engine"] == "hf" and settings["test_timeout"] == 1800
+    import torch
+
+    cuda = torch.cuda.is_available()  # --device and --dtype auto: the hf engine on what this machine has
+    assert (settings["device"], settings["dtype"]) == (("cuda", "bfloat16") if cuda else ("cpu", "float32"))
     # the same command with --resume runs nothing again: the results stay as they were
     mtimes = [(out / "run_0" / iid / "result.json").stat().st_mtime_ns for iid in IDS[:2]]
     r = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -363,3 +373,116 @@ def test_sandbox_crash_is_recorded_and_the_run_goes_on(tmp_path, docker_client, 
     assert report["error_reasons"][IDS[0]].startswith("SandboxError"), report["error_reasons"]
     result = json.loads((out / "run_0" / IDS[0] / "result.json").read_text())
     assert result["status"] == "error" and result["exit_reason"] == "sandbox_error"
+
+
+def test_run_report_agrees_with_swebench(tmp_path, monkeypatch):
+    """The same outcomes and logs, reported by swebench 5's `make_run_report` (from its own log
+    layout) and by ours: every key of theirs, with the same value, failure classification too."""
+    from swebench.harness.reporting import make_run_report
+
+    from eval.grading import InstanceOutcome
+    from eval.report import run_report
+
+    # id: (status, test_output.txt, the run's log: swebench's run_instance.log, our error.txt)
+    cases = {
+        "a__resolved-1": ("resolved", "Killed\n", None),  # resolved: never classified
+        "b__nothing_ran-1": ("unresolved", "============ collected 0 items\n", None),
+        "c__wrong-1": ("unresolved", "FAILED test_x.py::test_y\n", None),
+        "d__daemon-1": ("error", None, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock\n"),
+        "e__oom-1": ("unresolved", "Killed\n", None),
+        "f__empty-1": ("empty_patch", None, None),
+        "g__missing-1": ("error", None, "ModuleNotFoundError: No module named 'x'\n"),
+    }
+    tasks = [replace(_bare_task(), instance_id=iid) for iid in [*cases, "h__no_prediction-1"]]
+    predictions = {iid: {"instance_id": iid, "model_name_or_path": "m",
+                         "model_patch": "" if status == "empty_patch" else "diff"}
+                   for iid, (status, _, _) in cases.items()}
+    monkeypatch.chdir(tmp_path)  # swebench reads logs/run_evaluation/<run>/<model>/<id>/ under the cwd
+    ours, outcomes = tmp_path / "ours", []
+    for iid, (status, test_output, run_log) in cases.items():
+        theirs = tmp_path / "logs" / "run_evaluation" / "r" / "m" / iid
+        for d in (theirs, ours / iid):
+            d.mkdir(parents=True)
+            if test_output is not None:
+                (d / "test_output.txt").write_text(test_output)
+        if status in ("resolved", "unresolved"):
+            (theirs / "report.json").write_text(json.dumps({iid: {"resolved": status == "resolved"}}))
+        if run_log is not None:
+            (theirs / "run_instance.log").write_text(run_log)
+            (ours / iid / "error.txt").write_text(run_log)
+        outcomes.append(InstanceOutcome(iid, status, error=run_log.strip() if run_log else None))
+    outcomes.append(InstanceOutcome("h__no_prediction-1", "incomplete"))
+    path = make_run_report(predictions, [{"instance_id": t.instance_id} for t in tasks], "r",
+                           report_dir=str(tmp_path / "theirs"))
+    theirs = json.loads(Path(path).read_text())
+    report = run_report(tasks, predictions, outcomes, ours)
+    assert {k: report[k] for k in theirs} == theirs
+    assert theirs["infra_failure_ids"] == ["d__daemon-1", "e__oom-1"]
+    assert theirs["ambiguous_failure_ids"] == ["b__nothing_ran-1", "g__missing-1"]
+    assert theirs["failure_reasons"]["d__daemon-1"] == "container_unavailable"
+
+
+def _bare_task():
+    from envs.base import Task
+
+    return Task(instance_id="x", repo="o/r", base_commit="abc", problem_statement="p")
+
+
+def cli_args(*extra):
+    from eval.swebench import parse_args
+
+    return parse_args(["--ckpt", "m", "--dataset", "builtin", *extra])
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda"])
+def test_engine_options_follow_the_machine(monkeypatch, cuda):
+    """`auto` options resolve to what this machine can run a real-size model with: bfloat16 and
+    90% of the GPU for vLLM where CUDA is (the evaluation has it to itself), else float32."""
+    import torch
+
+    from eval.swebench import engine_options
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    dtype = "bfloat16" if cuda else "float32"
+    assert engine_options(cli_args(), "hf", 4096) == {"device": "cuda" if cuda else "cpu", "dtype": dtype}
+    assert engine_options(cli_args(), "vllm", 4096) == {"dtype": dtype, "max_model_len": 4096,
+                                                        "gpu_memory_utilization": 0.9 if cuda else 0.15}
+    asked = cli_args("--dtype", "float16", "--gpu-memory-utilization", "0.5", "--device", "cpu")
+    assert engine_options(asked, "vllm", 8) == {"dtype": "float16", "max_model_len": 8, "gpu_memory_utilization": 0.5}
+    assert engine_options(asked, "hf", 8) == {"device": "cpu", "dtype": "float16"}
+
+
+def test_engine_options_refuse_a_device_this_machine_lacks(monkeypatch):
+    import torch
+
+    from eval.swebench import UsageError, engine_options
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="--device 'cuda:1': CUDA is not available"):
+        engine_options(cli_args("--device", "cuda:1"), "hf", 8)
+    with pytest.raises(UsageError, match="--device 'gpu': not a torch device"):
+        engine_options(cli_args("--device", "gpu"), "hf", 8)
+
+
+def test_cli_defaults_and_resume_settings(tmp_path):
+    from eval.agent_eval import OutputError, prepare_output
+    from eval.swebench import run_settings
+    from sandbox.base import Limits
+
+    args = cli_args()
+    assert args.test_timeout == 1800.0 and args.cpus == Limits.cpus  # swebench's test timeout
+    assert cli_args("--cpus", "4", "--memory-mb", "8192").cpus == 4.0
+    options = {"dtype": "float32", "max_model_len": 64, "gpu_memory_utilization": 0.15}
+    settings = run_settings(args, "m", "vllm", 64, options)
+    assert {k: settings[k] for k in ("engine", "dtype", "test_timeout", "rollout_timeout", "gpu_memory_utilization")} \
+        == {"engine": "vllm", "dtype": "float32", "test_timeout": 1800.0, "rollout_timeout": 3600.0,
+            "gpu_memory_utilization": 0.15}
+    assert "max_model_len" not in settings and settings["max_tokens"] == 64
+    prepare_output(tmp_path, settings)
+    (tmp_path / "run_0" / "a").mkdir(parents=True)
+    (tmp_path / "run_0" / "a" / "result.json").write_text("{}")
+    # another share of GPU memory changes no result: a resume may take it
+    prepare_output(tmp_path, {**settings, "gpu_memory_utilization": 0.5}, resume=True)
+    for key, value in (("test_timeout", 600.0), ("rollout_timeout", 60.0), ("engine", "hf"), ("dtype", "bfloat16")):
+        with pytest.raises(OutputError, match=f"{key}: .* -> {value!r}"):
+            prepare_output(tmp_path, {**settings, key: value}, resume=True)

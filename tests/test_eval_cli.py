@@ -56,6 +56,9 @@ def test_grades_predictions_and_writes_swebench_reports(tmp_path, calc_task, doc
     assert report["error_ids"] == ["calc__calc-4"]
     assert "no-such-image:latest" in report["error_reasons"]["calc__calc-4"]
     assert report["completed_instances"] == 2 and report["resolved_instances"] == 1
+    # swebench 5's failure classification: a patch that does not apply is the model's, no fault of the environment
+    assert report["infra_failure_instances"] == report["ambiguous_failure_instances"] == 0
+    assert report["infra_failure_ids"] == report["ambiguous_failure_ids"] == [] and report["failure_reasons"] == {}
     inst = json.loads((out / "calc__calc-1" / "report.json").read_text())["calc__calc-1"]
     assert inst["resolved"] and inst["tests_status"]["FAIL_TO_PASS"]["success"] == ["test_new.py::test_clamp_high"]
     assert "test_new.py::test_clamp_high" in (out / "calc__calc-1" / "test_output.txt").read_text()

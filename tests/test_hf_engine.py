@@ -74,3 +74,17 @@ def test_update_weights_changes_outputs_and_version(tiny):
         assert torch.allclose(engine.model(x).logits, other(x).logits, atol=1e-5)
     with pytest.raises(KeyError, match="no parameter 'nope'"):
         engine.update_weights([("nope", torch.zeros(1))], version=8)
+
+
+def test_dtype_and_device_are_the_engines_own(tiny, monkeypatch):
+    from agent.engines import make_engine
+
+    engine = make_engine("hf", str(tiny), device="cpu", dtype="bfloat16")  # eval's --dtype bfloat16
+    assert engine.model.dtype == torch.bfloat16 and engine.device == "cpu"
+    c = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=4, seed=0))
+    assert len(c.token_ids) == 4 and all(lp <= 0 for lp in c.logprobs)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    engine = make_engine("hf", str(tiny), device="auto", dtype="auto")  # a machine without CUDA
+    assert engine.model.dtype == torch.float32 and engine.device == "cpu"
+    with pytest.raises(ValueError, match="device 'cuda': CUDA is not available"):
+        make_engine("hf", str(tiny), device="cuda")

@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_dtype(dtype: str = "auto") -> str:
+    """`auto` is bfloat16 where CUDA is available (real-size models are trained and served in
+    it), else float32 (CPU kernels for half precision are slow or missing); others pass as given."""
+    if dtype == "auto":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose auto or one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def resolve_device(device: str = "auto") -> str:
+    """`auto` is cuda where it is available, else cpu; a CUDA device asked for on a machine
+    without CUDA is refused here, not at the first generation."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from e
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    return device
+
 
 def make_engine(kind: str, model_path: str, **kwargs):
-    """`hf` (transformers) or `vllm`; a clear error when vLLM is not installed."""
+    """`hf` (transformers) or `vllm`; a clear error when vLLM is not installed. `kwargs` are the
+    engine's own options (hf: device, dtype; vllm: dtype, max_model_len, gpu_memory_utilization,
+    seed, or any of vLLM's `LLM` arguments)."""
     if kind == "hf":
         from agent.engines.hf import HFEngine
 

@@ -9,6 +9,7 @@ from typing import Iterable
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from agent.engines import resolve_device, resolve_dtype
 from agent.engines.base import Completion, SamplingParams
 
 
@@ -32,6 +33,9 @@ class HFEngine:
     """`generate` one sequence at a time; `update_weights` copies tensors in place."""
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32"):
+        """`device`: cpu, cuda, cuda:N or auto; `dtype`: float32, bfloat16, float16 or auto
+        (agent.engines.resolve_device / resolve_dtype)."""
+        device, dtype = resolve_device(device), resolve_dtype(dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
         self.model.eval()
         self.device = device

@@ -60,7 +60,10 @@ def vllm_available() -> bool:
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 16384,
-                 memory_fraction: float = 0.15, seed: int = 0, **engine_kwargs):
+                 gpu_memory_utilization: float = 0.15, seed: int = 0, **engine_kwargs):
+        """`gpu_memory_utilization`: the share of the GPU's memory vLLM takes for weights and KV
+        cache. 0.15 leaves the rest to a learner on the same GPU (training); an evaluation that
+        has the GPU to itself passes 0.9."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM
@@ -68,7 +71,7 @@ class VLLMEngine:
         _quiet_known_noise()  # before LLM(): its start-up repeats them too
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
             enforce_eager=engine_kwargs.pop("enforce_eager", True), **engine_kwargs,
         )
         self.tie_word_embeddings = bool(getattr(self.llm.llm_engine.model_config.hf_config,
