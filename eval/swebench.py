@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from agent.engines import DTYPES, resolve_device, resolve_dtype
+from agent.engines import DTYPES, is_hub_name, resolve_device, resolve_dtype
 from envs.base import Task, make_env
 from envs.data import DatasetError, load_tasks
 from eval.grading import PredictionsError, grade_all, load_predictions
@@ -95,7 +95,7 @@ def resolve_checkpoint(ckpt: str) -> str:
     exist and looks like `owner/name` is taken as a hub name."""
     path = Path(ckpt)
     if not path.exists():
-        if ckpt.startswith((".", "/", "~")) or ckpt.count("/") != 1:
+        if not is_hub_name(ckpt):
             raise UsageError(f"--ckpt {ckpt}: no such directory (and not a hub name like owner/model)")
         return ckpt
     steps = sorted((p for p in [*path.glob("step_*"), *path.glob("checkpoints/step_*")] if p.name[5:].isdigit()),

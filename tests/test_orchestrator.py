@@ -10,7 +10,7 @@ import pytest
 import training.orchestrator as orchestrator
 from agent.trajectory import Trajectory
 from envs.base import Task
-from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler
+from training.orchestrator import Orchestrator, RolloutsFailing, RunConfig, Source, TaskSampler
 
 
 class Engine:
@@ -76,7 +76,7 @@ def test_rollouts_that_keep_failing_stop_the_run_with_the_reason(monkeypatch, mo
         await asyncio.wait_for(orch.run(), timeout=30)  # before the fix the learner waited forever
 
     # two workers: the other may fail once more before the run stops
-    with pytest.raises(RuntimeError, match=r"[45] rollouts in a row failed .*sandbox error: gone"):
+    with pytest.raises(RolloutsFailing, match=r"[45] rollouts in a row failed .*sandbox error: gone"):
         asyncio.run(bounded())
     assert learner.batches == [] and orch.rollout_errors in (4, 5)
 

@@ -15,6 +15,8 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from agent.engines import is_hub_name
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
@@ -90,8 +92,7 @@ def check(cfg: DictConfig) -> None:
     if cfg.engine.kind not in ("auto", "hf", "vllm"):
         _fail("engine.kind", cfg.engine.kind, "must be auto, hf or vllm")
     path = cfg.model.path
-    if path is not None and not Path(str(path)).exists() and (str(path).startswith((".", "/", "~"))
-                                                             or str(path).count("/") != 1):
+    if path is not None and not Path(str(path)).exists() and not is_hub_name(str(path)):
         _fail("model.path", path, "no such directory (and not a hub name like owner/model)")
     _check_agent(cfg.agent, "agent")
     # the learner scores tokens under the full distribution at one temperature: the sampler must
@@ -100,15 +101,14 @@ def check(cfg: DictConfig) -> None:
         _fail("agent.temperature", cfg.agent.temperature, "must be > 0 for training (logprobs of greedy decoding are not a policy's)")
     if cfg.agent.top_p != 1:
         _fail("agent.top_p", cfg.agent.top_p, "must be 1 for training: the learner's logprobs are of the untruncated distribution")
-    for i, spec in enumerate(cfg.sources):  # (held-apart scoring trains nothing: it may sample otherwise)
-        for name in ("temperature", "top_p"):
-            value = (spec.get("agent") or {}).get(name)
-            if value is not None and value != cfg.agent[name]:
-                _fail(f"sources[{i}].agent.{name}", value, f"must equal agent.{name} ({cfg.agent[name]}): the learner "
-                      "scores every rollout at that one")
     if not cfg.sources:
         _fail("sources", cfg.sources, "needs at least one source of training tasks")
     for i, spec in enumerate(cfg.sources):
         _check_source(spec, f"sources[{i}] ({spec.get('name', spec.get('env'))})")
+        for name in ("temperature", "top_p"):  # (held-apart scoring trains nothing: it may sample otherwise)
+            value = (spec.get("agent") or {}).get(name)
+            if value is not None and value != cfg.agent[name]:
+                _fail(f"sources[{i}].agent.{name}", value, f"must equal agent.{name} ({cfg.agent[name]}): the learner "
+                      "scores every rollout at that one")
     if cfg.get("held_out"):
         _check_source(cfg.held_out, "held_out")

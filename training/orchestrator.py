@@ -79,6 +79,10 @@ class TaskSampler:
         self.drawn, self.redo, self.in_flight = state["drawn"], list(state["redo"]), set()
 
 
+class RolloutsFailing(RuntimeError):
+    """Rollouts failed back to back (`RunConfig.max_failed_in_a_row`): the run cannot go on."""
+
+
 @dataclass
 class RunConfig:
     mode: str = "async"  # or "sync"
@@ -185,7 +189,7 @@ class Orchestrator:
             log.warning("rollout of %s failed: %s", task.instance_id, e)
             self.sampler.done(key)
             if self._failed_in_a_row >= self.cfg.max_failed_in_a_row:
-                raise RuntimeError(f"{self._failed_in_a_row} rollouts in a row failed (trainer.max_failed_in_a_row); "
+                raise RolloutsFailing(f"{self._failed_in_a_row} rollouts in a row failed (trainer.max_failed_in_a_row); "
                                    f"the last, {task.instance_id}: {e}") from e
             return None
         self._failed_in_a_row = 0

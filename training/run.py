@@ -35,7 +35,7 @@ from sandbox.pool import SandboxPool
 from training import distributed
 from training.checkpoint import Checkpoints, MetricsLog
 from training.config import CONF, ConfigError, check
-from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler, evaluate
+from training.orchestrator import Orchestrator, RolloutsFailing, RunConfig, Source, TaskSampler, evaluate
 from training.plots import plot_rewards
 
 console = Console(stderr=True, soft_wrap=True)  # long paths stay whole in a log
@@ -187,7 +187,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
         orch.on_step = on_step
         try:
             asyncio.run(orch.run())
-        except RuntimeError as e:  # rollouts keep failing: say why; the checkpoints stay for a resume
+        except RolloutsFailing as e:  # say why; the checkpoints stay for a resume
             progress.stop()
             kept = checkpoints.latest()
             console.print(f"[red]error:[/red] the run stopped at step {orch.step}: {escape(str(e))}\n"

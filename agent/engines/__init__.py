@@ -5,6 +5,11 @@ from __future__ import annotations
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def is_hub_name(name: str) -> bool:
+    """`owner/model`, as a hub names a model: one slash, not a path (., / or ~ first)."""
+    return not name.startswith((".", "/", "~")) and name.count("/") == 1
+
+
 def resolve_dtype(dtype: str = "auto") -> str:
     """`auto` is bfloat16 where CUDA is available (real-size models are trained and served in
     it), else float32 (CPU kernels for half precision are slow or missing); others pass as given."""
