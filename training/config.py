@@ -71,6 +71,15 @@ def _check_source(spec, prefix: str) -> None:
     _check_agent(spec.get("agent"), f"{prefix}.agent")
 
 
+def _check_learner(learner) -> None:
+    """What can be told before a model is read (the layout against the model's heads, layers,
+    experts and the ranks is checked when the learner is built: training/mcore/model.py)."""
+    _at_least(learner, "learner", ("tensor_parallel", "pipeline_parallel", "expert_parallel", "micro_batch_tokens"), 1)
+    dtypes = ("auto", "float32", "bfloat16") if "megatron" in str(learner.get("_target_")) else ("float32", "bfloat16", "float16")
+    if learner.get("dtype") is not None and learner.dtype not in dtypes:
+        _fail("learner.dtype", learner.dtype, f"must be one of {', '.join(dtypes)}")
+
+
 def check(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work."""
     t = cfg.trainer
@@ -89,6 +98,7 @@ def check(cfg: DictConfig) -> None:
     _at_least(algo, "algo", ("policy_minibatches", "group_size"), 1)
     if algo.get("eps_low") is not None and algo.eps_low > 1:
         _fail("algo.eps_low", algo.eps_low, "must be at most 1 (the band's low edge is 1 - eps_low)")
+    _check_learner(cfg.learner)
     if cfg.engine.kind not in ("auto", "hf", "vllm"):
         _fail("engine.kind", cfg.engine.kind, "must be auto, hf or vllm")
     path = cfg.model.path

@@ -5,7 +5,8 @@
 Rank 0 runs everything a one-process run does (engine, sandboxes, the stream, checkpoints)
 and drives the learner; every other rank holds a replica of the policy and critic and only
 follows (`follow`): rank 0 broadcasts each command (a step's trajectories, a checkpoint to
-load, stop), and each rank steps on its share of the batch's rows. Gradients are summed over
+load, stop), and each rank steps on its share of the batch's rows. The Megatron learner's
+ranks hold shards, not replicas: for it, exporting weights and saving are commands too. Gradients are summed over
 ranks before clipping; since every loss is already divided by the *whole* batch's sampled
 token count, the sum is exactly the one-process gradient, and all replicas stay identical.
 """
@@ -144,11 +145,27 @@ class LearnerGroup:
     def _send(self, *command) -> None:
         dist.broadcast_object_list([command], src=0)
 
+    @property
+    def _collective(self) -> bool:
+        """A learner whose ranks hold shards (Megatron) exports weights and saves together."""
+        return getattr(self.learner, "collective", False)
+
     def step(self, trajectories, group_ids=None):
         self._send("step", trajectories, group_ids)
         metrics = self.learner.step(trajectories, group_ids)
-        metrics["learner/replica_spread"] = replica_spread(self.learner)
+        if not self._collective:  # replicas must agree; shards differ by design
+            metrics["learner/replica_spread"] = replica_spread(self.learner)
         return metrics
+
+    def state_dict_for_engine(self):
+        if self._collective:
+            self._send("weights")
+        return self.learner.state_dict_for_engine()
+
+    def save(self, path) -> None:
+        if self._collective:
+            self._send("save", str(path))
+        self.learner.save(path)
 
     def load(self, path) -> None:
         self._send("load", str(path))
@@ -168,9 +185,15 @@ def follow(learner) -> None:
         if command == "stop":
             dist.destroy_process_group()
             return
+        collective = getattr(learner, "collective", False)
         if command == "step":
             learner.step(*args)
-            replica_spread(learner)
+            if not collective:
+                replica_spread(learner)
+        elif command == "weights":
+            learner.state_dict_for_engine()  # its part of the gather; rank 0 keeps the weights
+        elif command == "save":
+            learner.save(*args)
         elif command == "load":
             learner.load(*args)
         else:

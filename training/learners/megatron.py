@@ -1,0 +1,405 @@
+"""The Megatron learner (`learner=megatron`): policy and token-level critic as megatron-core
+`GPTModel`s built from the checkpoint's HF config through mbridge, with tensor (and sequence),
+pipeline, expert and data parallelism, megatron's DDP and (distributed) optimizer, activation
+recomputation, and bf16 with fp32 master weights on GPUs. Same interface and behaviour as the
+torch learner (`training/learners/torch.py`); the algorithms and losses are the same objects.
+
+    torchrun --nproc-per-node 8 -m training.run learner=megatron learner.tensor_parallel=4
+
+Every rank builds the learner; rank 0 drives it and the others follow its commands
+(`training/distributed.py`), since step, weight export, save and load are collectives here.
+
+A step, in order (as the torch learner's): pack; one forward-only pass of each model for
+pi_old logprobs and values (this data-parallel rank's rows, summed over the data-parallel
+group so every rank holds the whole batch's); the algorithm's advantages over the whole batch;
+K critic updates; then (after warm-up) the policy update(s). Each update runs megatron's
+forward-backward schedule over token-budget micro-batches of packed sequences. Losses use
+megatron's per-token mode: a micro-batch returns its loss summed over its tokens and the
+number of tokens it adds to the mean, and megatron divides the gradient by the whole batch's
+count over micro-batches and data-parallel ranks, which is the torch learner's token mean.
+Logprobs come from the vocab-parallel logits (`vocab_parallel_cross_entropy`): no rank ever
+holds a full [tokens, vocab] tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from agent.trajectory import Trajectory
+from training import losses
+from training.batch import Batch, pack
+from training.distributed import shard_rows
+from training.mcore import cpu as mcore_cpu
+from training.mcore import model as mm
+from training.mcore.packing import Packed, pack_rows, token_budget_parts
+
+
+class _Model:
+    """One megatron model (policy or critic): bridge, DDP-wrapped chunks, optimizer, config."""
+
+    def __init__(self, bridge, chunks, optimizer, value_model: bool):
+        from megatron.core.distributed import finalize_model_grads
+
+        self.bridge, self.chunks, self.optimizer, self.value_model = bridge, chunks, optimizer, value_model
+        self.config = chunks[0].config
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.grad_scale_func = optimizer.scale_loss
+        self.config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
+
+
+@mcore_cpu.in_every_thread
+class MegatronLearner:
+    collective = True  # step, weights for the engine, save and load run on every rank together
+
+    def __init__(
+        self,
+        model_path: str,
+        algo,
+        value_checkpoint: str | None = None,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        expert_parallel: int = 1,
+        sequence_parallel: bool = True,
+        distributed_optimizer: bool = True,
+        recompute: bool = False,
+        dtype: str = "auto",  # bfloat16 (fp32 master weights) with CUDA, float32 on CPU
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        micro_batch_tokens: int = 8192,
+        sampling_temperature: float = 1.0,
+        seed: int = 0,
+    ):
+        if not torch.cuda.is_available():
+            mcore_cpu.enable()  # tests and development: megatron's CUDA calls go to the CPU
+        from megatron.core import parallel_state as ps
+
+        torch.manual_seed(seed)
+        self.algo = algo
+        self.temperature = sampling_temperature
+        self.micro_batch_tokens = micro_batch_tokens
+        self.layout = mm.Layout(tensor_parallel, pipeline_parallel, expert_parallel, sequence_parallel)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.hf_config = mm.hf_config_of(model_path)
+        mm.check_layout(self.layout, self.hf_config, world)
+        if dtype == "auto":
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        self.bf16 = dtype == "bfloat16"
+        torch_dtype = getattr(torch, dtype)
+        mm.init_parallel(self.layout, seed)
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        self.tp = ps.get_tensor_model_parallel_world_size()
+        self.dp_rank, self.dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.dp_group = ps.get_data_parallel_group()
+        self.last_stage = ps.is_pipeline_last_stage()
+        # the rank whose metrics rank 0 reports: last pipeline stage, first tensor and data rank
+        self.report_rank = self._first_report_rank()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.policy = self._make(model_path, torch_dtype, algo.lr_policy, weight_decay, grad_clip,
+                                 distributed_optimizer, recompute, value_model=False)
+        self.critic = None
+        if algo.uses_critic:
+            self.critic = self._make(value_checkpoint or model_path, torch_dtype, algo.lr_critic, weight_decay,
+                                     grad_clip, distributed_optimizer, recompute, value_model=True,
+                                     freeze_attention=algo.freeze_critic_attention)
+        self.step_count = 0
+        self.version = 0
+
+    def _make(self, path, dtype, lr, weight_decay, grad_clip, distributed_optimizer, recompute, value_model,
+              freeze_attention=False) -> _Model:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        hf_config = mm.hf_config_of(path) if value_model else self.hf_config
+        bridge = mm.make_bridge(hf_config, dtype, self.layout, value_model=value_model, recompute=recompute)
+        chunks = mm.build(bridge, path, value_model=value_model, freeze_attention=freeze_attention, bf16=self.bf16,
+                          distributed_optimizer=distributed_optimizer)
+        # torch's AdamW defaults, as the torch learner's optimizer
+        opt_config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
+                                     adam_beta2=0.999, adam_eps=1e-8, clip_grad=grad_clip, bf16=self.bf16,
+                                     params_dtype=dtype, use_distributed_optimizer=distributed_optimizer)
+        return _Model(bridge, chunks, get_megatron_optimizer(opt_config, chunks), value_model)
+
+    def _first_report_rank(self) -> int:
+        """The global rank of (last pipeline stage, tensor rank 0, data rank 0)."""
+        from megatron.core import parallel_state as ps
+
+        mine = int(self.last_stage and ps.get_tensor_model_parallel_rank() == 0 and self.dp_rank == 0)
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return 0
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.long)
+        flags[dist.get_rank()] = mine
+        dist.all_reduce(flags)
+        return int(flags.nonzero()[0])
+
+    # -- forward-backward over packed micro-batches ------------------------------------------
+    def _packs(self, batch: Batch, parts: list[list[int]]) -> list[Packed]:
+        multiple = self.tp if self.layout.sequence_parallel and self.tp > 1 else 1
+        return [pack_rows(batch, rows, multiple, thd=mm.HAVE_TE, device=self.device) for rows in parts]
+
+    def _run(self, model: _Model, packs: list[Packed], loss_fn, forward_only: bool) -> list[dict]:
+        """megatron's schedule over `packs`; returns the last stage's per-micro-batch outputs."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator, chunk):
+            p = next(data_iterator)
+            out = chunk(p.input_ids, p.position_ids, p.attention_mask, packed_seq_params=p.packed_seq_params)
+            return out, partial(loss_fn, p)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(packs), model=model.chunks,
+            num_microbatches=len(packs), seq_length=max(p.input_ids.shape[1] for p in packs),
+            micro_batch_size=1, forward_only=forward_only)
+
+    def _logprobs(self, p: Packed, logits: torch.Tensor) -> torch.Tensor:
+        """[rows, L] log pi_theta(target) at temperature from [1, T, V/tp] vocab-parallel logits."""
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        logp = -vocab_parallel_cross_entropy(logits.float() / self.temperature, p.targets)
+        return p.unpack(logp)
+
+    def _update(self, model: _Model, packs: list[Packed], loss_fn) -> dict[str, float]:
+        for chunk in model.chunks:
+            chunk.zero_grad_buffer()
+        model.optimizer.zero_grad()
+        outputs = self._run(model, packs, loss_fn, forward_only=False)
+        _, grad_norm, _ = model.optimizer.step()
+        acc: dict[str, float] = defaultdict(float)
+        for out in outputs if self.last_stage else []:
+            for k, v in out.items():
+                acc[k] += v
+        acc = self._sum_over_dp(acc)
+        acc["value/grad_norm" if model.value_model else "policy/grad_norm"] = float(grad_norm or 0.0)
+        return dict(acc)
+
+    def _sum_over_dp(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.dp == 1:
+            return dict(metrics)
+        keys = sorted(metrics)
+        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(t, group=self.dp_group)
+        return dict(zip(keys, t.tolist()))
+
+    # -- one step -----------------------------------------------------------------------------
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+        batch = pack(trajectories, self.pad_id, group_ids)
+        lengths = batch.attention_mask.sum(1).tolist()
+        mine = shard_rows(lengths, self.dp_rank, self.dp)
+        packs = self._packs(batch, token_budget_parts(lengths, mine, self.micro_batch_tokens))
+        n_sampled = max(batch.num_sampled, 1)
+        old_logp, values = self._old_logprobs_and_values(batch, packs)
+        metrics: dict[str, float] = {}
+        advantages = returns = None
+        if self.last_stage:
+            advantages, returns = self.algo.advantages(batch, values)
+            metrics = {
+                "reward/mean": float(batch.rewards.mean()),
+                "tokens/sampled": float(batch.num_sampled),
+                "tokens/total": float(batch.num_tokens),
+                "advantage/mean": float((advantages * batch.loss_mask).sum() / n_sampled),
+                "sao/logprob_mismatch_pre": float(((old_logp - batch.behaviour_logprobs).abs() * batch.loss_mask).sum() / n_sampled),
+            }
+            fresh = batch.loss_mask * (batch.policy_version == self.version)
+            if fresh.sum() > 0:
+                metrics["sao/logprob_mismatch_fresh"] = float(((old_logp - batch.behaviour_logprobs).abs() * fresh).sum() / fresh.sum())
+            if self.critic is not None:
+                metrics["value/explained_var"] = losses.value_loss(values, returns, batch.loss_mask)[1]["value/explained_var"]
+        if self.critic is not None:
+            for _ in range(self.algo.critic_steps):
+                update = self._update(self.critic, packs, partial(self._value_loss, batch, returns, n_sampled))
+                update.pop("value/explained_var", None)
+                metrics.update(update)
+        if self.critic is None or self.step_count >= self.algo.critic_warmup_steps:
+            metrics.update(self._policy_update(batch, advantages, old_logp))
+            self.version += 1
+        elif self.last_stage:  # no update, but the same health metrics (mask fractions, ratio)
+            health = self.algo.policy_loss(old_logp, batch, advantages, old_logp, n_sampled)[1]
+            metrics.update({k: v for k, v in health.items() if not k.endswith("/loss")})
+        self.algo.observe_rewards(batch.rewards)
+        self.step_count += 1
+        metrics["learner/step"] = float(self.step_count)
+        metrics["learner/version"] = float(self.version)
+        return self._from_report_rank(metrics)
+
+    def _from_report_rank(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The metrics as the last pipeline stage computed them, on every rank."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return metrics
+        box = [metrics]
+        dist.broadcast_object_list(box, src=self.report_rank)
+        return box[0]
+
+    def _old_logprobs_and_values(self, batch: Batch, packs: list[Packed]):
+        """[B, L] pi_old logprobs and values (None without a critic) for the whole batch, on the
+        last pipeline stage (zeros elsewhere): each data-parallel rank fills its rows, then sum."""
+        B, L = batch.input_ids.shape
+        old_logp = torch.zeros(B, L)
+        values = torch.zeros(B, L) if self.critic is not None else None
+
+        def collect(target, as_logprobs, p, output):
+            rows = (self._logprobs(p, output) if as_logprobs else p.unpack(output[..., 0])).detach().float().cpu()
+            if p.rows:
+                target[torch.tensor(p.rows), : rows.shape[1]] = rows
+            return output.new_zeros(()), torch.tensor(0, dtype=torch.int), {}
+
+        with torch.no_grad():
+            self._run(self.policy, packs, partial(collect, old_logp, True), forward_only=True)
+            if values is not None:
+                self._run(self.critic, packs, partial(collect, values, False), forward_only=True)
+        for t in (old_logp, values):
+            if t is not None and self.dp > 1:
+                dist.all_reduce(t, group=self.dp_group)
+        return old_logp, values
+
+    def _value_loss(self, batch, returns, n_sampled, p: Packed, output):
+        mb = batch.select(p.rows) if p.rows else None
+        if mb is None:  # a rank without rows: no tokens, no gradient
+            return output.sum() * 0.0, torch.tensor(0, dtype=torch.int), {}
+        target = returns[torch.tensor(p.rows)][:, : mb.input_ids.shape[1]]
+        loss, m = losses.value_loss(p.unpack(output[..., 0]), target, mb.loss_mask, normalizer=n_sampled)
+        weighted = {k: float(v) * (1.0 if k.endswith("/loss") else mb.num_sampled / n_sampled) for k, v in m.items()}
+        return loss * n_sampled, torch.tensor(mb.num_sampled, dtype=torch.int), weighted
+
+    def _policy_update(self, batch, advantages, old_logp) -> dict[str, float]:
+        """`algo.policy_minibatches` optimizer steps as in the torch learner, each over its
+        share of the batch's rows split over the data-parallel ranks."""
+        M = getattr(self.algo, "policy_minibatches", 1)
+        lengths = batch.attention_mask.sum(1).tolist()
+        acc: dict[str, float] = defaultdict(float)
+        for i in range(M):
+            share = list(range(i, len(batch), M))
+            mine = [share[j] for j in shard_rows([lengths[r] for r in share], self.dp_rank, self.dp)]
+            n_loss = max(self.algo.loss_tokens(batch, share, old_logp), 1.0)
+            n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)
+            packs = self._packs(batch, token_budget_parts(lengths, mine, self.micro_batch_tokens))
+            loss_fn = partial(self._policy_loss, batch, advantages, old_logp, n_loss, n_sampled)
+            for k, v in self._update(self.policy, packs, loss_fn).items():
+                acc[k] += v / M
+        return dict(acc)
+
+    def _policy_loss(self, batch, advantages, old_logp, n_loss, n_sampled, p: Packed, output):
+        if not p.rows:
+            return output.sum() * 0.0, torch.tensor(0, dtype=torch.int), {}
+        mb = batch.select(p.rows)
+        idx, n = torch.tensor(p.rows), mb.input_ids.shape[1]
+        old = old_logp[idx][:, :n]
+        loss, m = self.algo.policy_loss(self._logprobs(p, output), mb, advantages[idx][:, :n], old, n_loss)
+        # this micro-batch's share of the token count the mean is over (the whole batch's, summed)
+        count = self.algo.loss_tokens(batch, p.rows, old_logp)
+        weighted = {k: float(v) * (1.0 if k.endswith("/loss") else mb.num_sampled / n_sampled) for k, v in m.items()}
+        return loss * n_loss, torch.tensor(int(round(count)), dtype=torch.int), weighted
+
+    # -- weights out, checkpoints -------------------------------------------------------------
+    def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's weights by HF name, gathered across TP/PP/EP by the bridge (a collective:
+        every rank calls it; rank 0 gets them), the tied output head included (vLLM needs it)."""
+        weights = [(name, t.detach().to("cpu")) for name, t in mm.export_hf(self.policy.bridge, self.policy.chunks)]
+        names = {n for n, _ in weights}
+        if "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
+            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
+        return weights
+
+    def save(self, path: str | Path) -> None:
+        """`megatron/` (megatron's distributed checkpoint: models, optimizers), `layout.json`,
+        per-rank RNG, `learner.pt` (step, version, algo state), and HF exports `policy/` and
+        `critic/` that `from_pretrained` and `eval.swebench --ckpt` load. Every rank calls it."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        self._barrier()
+        for name, model in self._models():
+            dist_checkpointing.save(self._sharded_state(model), str(_ensure(path / "megatron" / name)))
+        torch.save(_rng_state(), _ensure(path / "rng") / f"rank_{rank}.pt")
+        mm.save_hf(self.policy.bridge, self.policy.chunks, path / "policy", self.hf_config)
+        if self.critic is not None:
+            mm.save_hf(self.critic.bridge, self.critic.chunks, path / "critic", self.hf_config, value_model=True)
+        if rank == 0:
+            for sub in ("policy",) + (("critic",) if self.critic is not None else ()):
+                self.tokenizer.save_pretrained(path / sub)
+            (path / "layout.json").write_text(json.dumps(self._layout_record(), indent=2))
+            torch.save({"step_count": self.step_count, "version": self.version, "algo": self.algo.state_dict()},
+                       path / "learner.pt")
+        self._barrier()
+
+    def load(self, path: str | Path) -> None:
+        """Resume from `save`'s folder; a checkpoint saved under another layout is refused."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        saved = json.loads((path / "layout.json").read_text())
+        now = self._layout_record()
+        for field in ("tensor_parallel", "pipeline_parallel", "expert_parallel", "data_parallel", "distributed_optimizer", "critic"):
+            if saved.get(field) != now.get(field):
+                raise mm.LayoutError(f"{path}: saved with {field}={saved.get(field)!r}, this run has "
+                                     f"learner.{field}={now.get(field)!r}; resume with the saved layout")
+        for name, model in self._models():
+            state = dist_checkpointing.load(self._sharded_state(model, loading=True), str(path / "megatron" / name))
+            for i, chunk in enumerate(model.chunks):
+                chunk.load_state_dict(state[f"model{i}"])
+            model.optimizer.load_state_dict(state["optimizer"])
+        run = torch.load(path / "learner.pt", weights_only=False)
+        self.step_count, self.version = run["step_count"], run["version"]
+        self.algo.load_state_dict(run["algo"])
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        _set_rng_state(torch.load(path / "rng" / f"rank_{rank}.pt", weights_only=False))
+
+    def _models(self):
+        return [("policy", self.policy)] + ([("critic", self.critic)] if self.critic is not None else [])
+
+    def _sharded_state(self, model: _Model, loading: bool = False) -> dict:
+        """One model's megatron state: its chunks and its optimizer (each model is its own
+        distributed checkpoint: the optimizers' shard names would collide in one)."""
+        _fresh_adam_state(model.optimizer)
+        # each data-parallel rank's optimizer shard as it is (a resume keeps the layout)
+        metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
+        state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model.chunks)}
+        merged = {k: v for sd in state.values() for k, v in sd.items()}
+        state["optimizer"] = model.optimizer.sharded_state_dict(merged, is_loading=loading, metadata=metadata)
+        return state
+
+    def _layout_record(self) -> dict:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return {**self.layout.describe(world), "distributed_optimizer": self.policy.chunks[0].ddp_config.use_distributed_optimizer,
+                "critic": self.critic is not None}
+
+    def _barrier(self) -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+
+def _fresh_adam_state(optimizer) -> None:
+    """Give parameters an optimizer that never stepped (the policy in the critic's warm-up)
+    the state Adam would start from (step 0, zero moments): exactly a fresh state, and what
+    megatron's distributed checkpoint needs to find."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if not inner.state[p]:
+                    inner.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
