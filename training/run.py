@@ -4,8 +4,9 @@ The story of a run: prepare the model (the embedded tiny one is built and warm-s
 SFT), start the engine, the learner and the sandbox pool, resume from the newest checkpoint
 if there is one, score the held-apart prompts, stream rollouts into the learner until
 `trainer.max_steps`, score the held-apart prompts again, and draw the reward curve.
-Under `torchrun --nproc-per-node N` rank 0 does all of that and the other ranks are
-data-parallel learner replicas (training/distributed.py).
+Under `torchrun --nproc-per-node N` rank 0 does all of that and the other ranks follow its
+learner commands (training/distributed.py): data-parallel replicas of the torch learner, or
+the Megatron learner's model-parallel shards.
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ def main(cfg: DictConfig) -> None:
     if not rank.is_main:
         return distributed.follow(learner)  # a data-parallel replica: rank 0 runs the rest
     if rank.world > 1:
+        layout = getattr(learner, "layout_summary", None)
         learner = distributed.LearnerGroup(learner)
-        console.print(f"learner: {rank.world} data-parallel ranks")
+        console.print(f"learner: {rank.world} ranks, {layout}" if layout else f"learner: {rank.world} data-parallel ranks")
     try:
         run(cfg, out, model_path, learner)
     finally:

@@ -346,8 +346,12 @@ class MegatronLearner:
         for name, model in self._models():
             state = dist_checkpointing.load(self._sharded_state(model, loading=True), str(path / "megatron" / name))
             for i, chunk in enumerate(model.chunks):
-                chunk.load_state_dict(state[f"model{i}"])
-            model.optimizer.load_state_dict(state["optimizer"])
+                # the wrappers (DDP, bf16) name weights module.<name>; the model itself, <name>
+                weights = {k[k.rindex("module.") + 7:] if k.startswith("module.") else k: v
+                           for k, v in state[f"model{i}"].items()}
+                mm._unwrap(chunk).load_state_dict(weights)
+            with torch.no_grad():  # copies into the main parameters, leaves that require grad
+                model.optimizer.load_state_dict(state["optimizer"])
         run = torch.load(path / "learner.pt", weights_only=False)
         self.step_count, self.version = run["step_count"], run["version"]
         self.algo.load_state_dict(run["algo"])
@@ -367,6 +371,12 @@ class MegatronLearner:
         merged = {k: v for sd in state.values() for k, v in sd.items()}
         state["optimizer"] = model.optimizer.sharded_state_dict(merged, is_loading=loading, metadata=metadata)
         return state
+
+    @property
+    def layout_summary(self) -> str:
+        r = self._layout_record()
+        return (f"tensor {r['tensor_parallel']} x pipeline {r['pipeline_parallel']} x data {r['data_parallel']}"
+                + (f", expert {r['expert_parallel']}" if r["expert_parallel"] > 1 else ""))
 
     def _layout_record(self) -> dict:
         world = dist.get_world_size() if dist.is_initialized() else 1

@@ -139,8 +139,8 @@ def make_bridge(hf_config, dtype: torch.dtype, layout: Layout, value_model: bool
     bridge._MLP_MAPPING = dict(type(bridge)._MLP_MAPPING)
     bridge._OTHER_MAPPING = dict(getattr(type(bridge), "_OTHER_MAPPING", {}))
     tied = getattr(hf_config, "tie_word_embeddings", False)
-    if tied and not value_model:
-        bridge._DIRECT_MAPPING["output_layer.weight"] = "model.embed_tokens.weight"
+    # (set either way: a tied model built earlier in this process has edited the class's map)
+    bridge._DIRECT_MAPPING["output_layer.weight"] = "model.embed_tokens.weight" if tied else "lm_head.weight"
     if value_model:  # the value head is transformers' token-classification head, `score`
         bridge._DIRECT_MAPPING["output_layer.weight"] = "score.weight"
         bridge._DIRECT_MAPPING["output_layer.bias"] = "score.bias"
