@@ -111,9 +111,10 @@ def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> Non
 if __name__ == "__main__":
     dist.init_process_group("gloo")
     kind, out, *args = sys.argv[1:]
-    if kind == "roundtrip":
-        roundtrip(out, args)
-    else:
-        step(out, *args)
+    with cpu.scope():
+        if kind == "roundtrip":
+            roundtrip(out, args)
+        else:
+            step(out, *args)
     dist.barrier()
     dist.destroy_process_group()

@@ -57,6 +57,9 @@ def test_swe_verified_experiment_has_the_papers_settings():
     assert algo["gamma"] == 1.0 and algo["policy_lambda"] is None and algo["critic_lambda"] == 1.0
     assert cfg["model"]["algo_overrides"] == {}  # nothing replaces the paper's values
     assert [s["env"] for s in cfg["sources"]] == ["swe"]
+    learner = cfg["learner"]  # the Megatron learner, laid out for one 8-GPU node
+    assert learner["_target_"] == "training.learners.megatron.MegatronLearner"
+    assert learner["tensor_parallel"] * learner["pipeline_parallel"] == 4 and learner["dtype"] == "bfloat16"
 
 
 def test_grpo_switch():
@@ -70,7 +73,7 @@ def test_unknown_env_is_a_clear_error():
 
 
 @pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("+sources.0.env_options={switch_every: 64}",), ("+experiment=swe_verified",), ("+debug=tiny",),
-                                       ("+debug=learn",), ("trainer.mode=sync", "engine=hf")])
+                                       ("+debug=learn",), ("trainer.mode=sync", "engine=hf"), ("learner=megatron",)])
 def test_shipped_configs_pass_the_checks(overrides):
     check(composed(*overrides))
 

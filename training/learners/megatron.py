@@ -80,6 +80,14 @@ class MegatronLearner:
     ):
         if not torch.cuda.is_available():
             mcore_cpu.enable()  # tests and development: megatron's CUDA calls go to the CPU
+        with mcore_cpu.scope():  # (the decorator found it off when this call began)
+            self._init(model_path, algo, value_checkpoint, tensor_parallel, pipeline_parallel, expert_parallel,
+                       sequence_parallel, distributed_optimizer, recompute, dtype, weight_decay, grad_clip,
+                       micro_batch_tokens, sampling_temperature, seed)
+
+    def _init(self, model_path, algo, value_checkpoint, tensor_parallel, pipeline_parallel, expert_parallel,
+              sequence_parallel, distributed_optimizer, recompute, dtype, weight_decay, grad_clip,
+              micro_batch_tokens, sampling_temperature, seed):
         from megatron.core import parallel_state as ps
 
         torch.manual_seed(seed)
@@ -113,6 +121,12 @@ class MegatronLearner:
                                      freeze_attention=algo.freeze_critic_attention)
         self.step_count = 0
         self.version = 0
+        # megatron's checkpoint writer reports through a queue served by a spawned process,
+        # made at the first save; made then, next to a running vLLM engine, the spawn hangs
+        # (seen here on CPU). Made now, before any engine starts, it is ready when needed.
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        filesystem_async._get_write_results_queue()
 
     def _make(self, path, dtype, lr, weight_decay, grad_clip, distributed_optimizer, recompute, value_model,
               freeze_attention=False) -> _Model:

@@ -13,12 +13,15 @@ megatron's files:
 - megatron's CUDA RNG get/set run on the CPU generator, so its named RNG states (the
   tracker behind dropout, recompute and `model_parallel_cuda_manual_seed`) keep working.
 
-It is switched on only when CUDA is absent (`enable()` refuses otherwise), by the Megatron
-learner's CPU path and by tests; the learner's own code never sees it.
+The first and last are process-wide; the mode is per thread and per call (`scope()`, and the
+`in_every_thread` class decorator on the learner). It is switched on only when CUDA is absent
+(`enable()` refuses otherwise), by the Megatron learner's CPU path and by tests; the learner's
+own logic never sees it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -73,12 +76,23 @@ def enable() -> None:
     # megatron's RNG tracker warns when the CPU state moves inside a CUDA fork: here they are one
     logging.getLogger("megatron.core.tensor_parallel.random").addFilter(
         lambda record: "CPU RNG state changed" not in record.getMessage())
-    _CudaToCpu().__enter__()  # for the rest of the process (modes are a stack; this one stays)
     _ENABLED = True
 
 
 def enabled() -> bool:
     return _ENABLED
+
+
+@contextlib.contextmanager
+def scope():
+    """The redirection of tensor calls (`device="cuda"`, `.cuda()`, `type()`) in this thread,
+    for the code inside; nothing when `enable()` was not called (a GPU) or it is on already.
+    Kept to the learner's own calls, so an engine in the same process never sees it."""
+    if not _ENABLED or _active():
+        yield
+        return
+    with _CudaToCpu():
+        yield
 
 
 def in_every_thread(cls):
@@ -94,9 +108,7 @@ def in_every_thread(cls):
 def _scoped(fn):
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if not _ENABLED or torch._C._is_torch_function_mode_enabled() and _active():
-            return fn(*args, **kwargs)
-        with _CudaToCpu():
+        with scope():
             return fn(*args, **kwargs)
     return run
 
