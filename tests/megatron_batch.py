@@ -6,16 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.trajectory import Trajectory
+from tests.test_learner import traj
 from training.algos import GRPO, SAO
-
-
-def traj(reward, n=12, behaviour=-8.3):
-    t = Trajectory("x", prompt_ids=list(range(5, 15)), reward=reward)
-    t.append_sampled(list(range(30, 30 + n)), [behaviour] * n, 0)
-    t.append_observation([7, 8, 9])
-    t.append_sampled([40, 41], [behaviour] * 2, 0)
-    return t
 
 
 BATCH = [traj(1.0), traj(0.0, 20), traj(1.0, 5), traj(0.0, 8)]

@@ -38,6 +38,7 @@ from agent.trajectory import Trajectory
 from training import losses
 from training.batch import Batch, pack
 from training.distributed import shard_rows
+from training.learners.metrics import batch_metrics
 from training.mcore import cpu as mcore_cpu
 from training.mcore import model as mm
 from training.mcore.packing import Packed, pack_rows, token_budget_parts
@@ -214,18 +215,7 @@ class MegatronLearner:
         advantages = returns = None
         if self.last_stage:
             advantages, returns = self.algo.advantages(batch, values)
-            metrics = {
-                "reward/mean": float(batch.rewards.mean()),
-                "tokens/sampled": float(batch.num_sampled),
-                "tokens/total": float(batch.num_tokens),
-                "advantage/mean": float((advantages * batch.loss_mask).sum() / n_sampled),
-                "sao/logprob_mismatch_pre": float(((old_logp - batch.behaviour_logprobs).abs() * batch.loss_mask).sum() / n_sampled),
-            }
-            fresh = batch.loss_mask * (batch.policy_version == self.version)
-            if fresh.sum() > 0:
-                metrics["sao/logprob_mismatch_fresh"] = float(((old_logp - batch.behaviour_logprobs).abs() * fresh).sum() / fresh.sum())
-            if self.critic is not None:
-                metrics["value/explained_var"] = losses.value_loss(values, returns, batch.loss_mask)[1]["value/explained_var"]
+            metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
             for _ in range(self.algo.critic_steps):
                 update = self._update(self.critic, packs, partial(self._value_loss, batch, returns, n_sampled))

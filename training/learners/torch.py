@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 from agent.trajectory import Trajectory
 from training import distributed, losses
 from training.batch import Batch, micro_batch_rows, pack
+from training.learners.metrics import batch_metrics
 from training.logprobs import token_logprobs
 
 
@@ -113,22 +114,8 @@ class TorchLearner:
         if values is not None:
             distributed.sum_(values)
         advantages, returns = self.algo.advantages(batch, values)
-        metrics = {
-            "reward/mean": float(batch.rewards.mean()),
-            "tokens/sampled": float(batch.num_sampled),
-            "tokens/total": float(batch.num_tokens),
-            "advantage/mean": float((advantages * batch.loss_mask).sum() / n_sampled),
-            # learner vs engine on the same tokens, before this step's update
-            "sao/logprob_mismatch_pre": float(((old_logp - batch.behaviour_logprobs).abs() * batch.loss_mask).sum() / n_sampled),
-        }
-        # the same on the tokens sampled by the weights the learner holds now (staleness 0): the
-        # numeric mismatch between engine and learner alone, without the policy's drift
-        fresh = batch.loss_mask * (batch.policy_version == self.version)
-        if fresh.sum() > 0:
-            metrics["sao/logprob_mismatch_fresh"] = float(((old_logp - batch.behaviour_logprobs).abs() * fresh).sum() / fresh.sum())
+        metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
-            # cleanrl's explained variance: the values that made the advantages, whole batch
-            metrics["value/explained_var"] = losses.value_loss(values, returns, batch.loss_mask)[1]["value/explained_var"]
             for _ in range(self.algo.critic_steps):
                 update = self._critic_update(batch, parts, returns, n_sampled)
                 update.pop("value/explained_var")
