@@ -81,15 +81,16 @@ def roundtrip(out: str, paths: list[str]) -> None:
 
 
 def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> None:
-    """One SAO and one GRPO step at TP=1 (DP=2) and TP=2, against the torch learner's; then a
+    """One SAO and one GRPO step at TP=1 (DP=2) and TP=2 (+ recompute), against the torch learner's; then a
     TP=2 checkpoint, and loading it under TP=1 (another layout) must be refused."""
     from training.learners.megatron import MegatronLearner
 
     results = []
     for name in ("sao", "grpo"):
         for tp in (1, 2):
+            # TP=2 also recomputes activations (with sequence parallel): the same numbers
             learner = MegatronLearner(path, make_algo(name), value_checkpoint=critic, tensor_parallel=tp,
-                                      micro_batch_tokens=40)
+                                      micro_batch_tokens=40, recompute=tp == 2)
             metrics = learner.step(BATCH, GROUPS)
             weights = dict(learner.state_dict_for_engine())
             if dist.get_rank() == 0:

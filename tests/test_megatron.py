@@ -112,7 +112,7 @@ def test_training_run_under_torchrun_tp2_is_killed_and_resumes(tiny, tmp_path):
 def test_layouts_and_architectures_that_do_not_fit_are_named(tiny):
     from transformers import AutoConfig, GPT2Config
 
-    from training.mcore.model import Layout, LayoutError, check_layout, make_bridge
+    from training.mcore.model import HAVE_TE, Layout, LayoutError, check_layout, make_bridge
 
     config = AutoConfig.from_pretrained(tiny["qwen2"])  # 2 heads, 2 key-value heads, 2 layers
     check_layout(Layout(tensor_parallel=2), config, world=2)
@@ -129,3 +129,6 @@ def test_layouts_and_architectures_that_do_not_fit_are_named(tiny):
         check_layout(Layout(expert_parallel=4), moe, world=4)
     with pytest.raises(LayoutError, match="architecture 'gpt2'.*cannot be converted by mbridge; it converts .*qwen3"):
         make_bridge(GPT2Config(), torch.float32, Layout())
+    if not HAVE_TE:  # experts are laid out as TE's grouped MLP: without TE, dense models only
+        with pytest.raises(LayoutError, match="qwen3_moe is a mixture of experts.*Transformer Engine is not installed"):
+            make_bridge(moe, torch.float32, Layout())

@@ -36,6 +36,7 @@ from sandbox.pool import SandboxPool
 from training import distributed
 from training.checkpoint import Checkpoints, MetricsLog
 from training.config import CONF, ConfigError, check
+from training.mcore.model import LayoutError
 from training.orchestrator import Orchestrator, RolloutsFailing, RunConfig, Source, TaskSampler, evaluate
 from training.plots import plot_rewards
 
@@ -126,8 +127,13 @@ def main(cfg: DictConfig) -> None:
     model_path = prepare_model(cfg.model) if rank.is_main else None
     if rank.world > 1:
         model_path = distributed.broadcast_object(model_path)
-    learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
-                                       sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
+    try:
+        learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
+                                           sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
+    except LayoutError as e:  # a layout the model or the ranks cannot take: said once, exit 2
+        if rank.is_main:
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        sys.exit(2)
     if not rank.is_main:
         return distributed.follow(learner)  # a data-parallel replica: rank 0 runs the rest
     if rank.world > 1:

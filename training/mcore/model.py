@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -89,10 +88,9 @@ def init_parallel(layout: Layout, seed: int) -> None:
     """Join (or, in one process, start) the process group and set megatron's parallel state."""
     from megatron.core import parallel_state, tensor_parallel
 
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+    if not dist.is_initialized():  # one process: an in-memory store, no port to take or leak
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=dist.HashStore(),
+                                rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
@@ -129,6 +127,10 @@ def make_bridge(hf_config, dtype: torch.dtype, layout: Layout, value_model: bool
     if hf_config.model_type not in supported_architectures():
         raise LayoutError(f"model.path: architecture {hf_config.model_type!r} ({', '.join(hf_config.architectures or [])}) "
                           f"cannot be converted by mbridge; it converts {', '.join(supported_architectures())}")
+    if not HAVE_TE and _num_experts(hf_config):
+        raise LayoutError(f"model.path: {hf_config.model_type} is a mixture of experts; mbridge lays its experts out "
+                          "as Transformer Engine's grouped MLP, and Transformer Engine is not installed (GPU "
+                          "machines: pip install transformer-engine). Without it, dense models only")
     config = copy.deepcopy(hf_config)
     if value_model:
         config.tie_word_embeddings = False  # the head is [1, H]: nothing to share with the embedding
@@ -275,6 +277,10 @@ def save_hf(bridge, chunks, out: Path, hf_config, value_model: bool = False) -> 
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     out.mkdir(parents=True, exist_ok=True)
+    if not HAVE_TE and _num_experts(hf_config):
+        raise LayoutError(f"model.path: {hf_config.model_type} is a mixture of experts; mbridge lays its experts out "
+                          "as Transformer Engine's grouped MLP, and Transformer Engine is not installed (GPU "
+                          "machines: pip install transformer-engine). Without it, dense models only")
     config = copy.deepcopy(hf_config)
     if value_model:
         config.architectures = [config.architectures[0].replace("ForCausalLM", "ForTokenClassification")]
