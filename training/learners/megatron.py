@@ -150,10 +150,10 @@ class MegatronLearner:
         mine = int(self.last_stage and ps.get_tensor_model_parallel_rank() == 0 and self.dp_rank == 0)
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return 0
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.long)
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.long, device=self.device)  # (NCCL: on the GPU)
         flags[dist.get_rank()] = mine
         dist.all_reduce(flags)
-        return int(flags.nonzero()[0])
+        return int(flags.nonzero()[0].item())
 
     # -- forward-backward over packed micro-batches ------------------------------------------
     def _packs(self, batch: Batch, parts: list[list[int]]) -> list[Packed]:
@@ -195,17 +195,21 @@ class MegatronLearner:
         acc["value/grad_norm" if model.value_model else "policy/grad_norm"] = float(grad_norm or 0.0)
         return dict(acc)
 
+    def _count(self, n: float) -> torch.Tensor:
+        """A micro-batch's token count for megatron's per-token loss mode."""
+        return torch.tensor(int(round(n)), dtype=torch.int, device=self.device)
+
     def _sum_over_dp(self, metrics: dict[str, float]) -> dict[str, float]:
         if self.dp == 1:
             return dict(metrics)
         keys = sorted(metrics)
-        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=self.dp_group)
         return dict(zip(keys, t.tolist()))
 
     # -- one step -----------------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
-        batch = pack(trajectories, self.pad_id, group_ids)
+        batch = Batch(**{k: v.to(self.device) for k, v in vars(pack(trajectories, self.pad_id, group_ids)).items()})
         lengths = batch.attention_mask.sum(1).tolist()
         mine = shard_rows(lengths, self.dp_rank, self.dp)
         packs = self._packs(batch, token_budget_parts(lengths, mine, self.micro_batch_tokens))
@@ -245,14 +249,14 @@ class MegatronLearner:
         """[B, L] pi_old logprobs and values (None without a critic) for the whole batch, on the
         last pipeline stage (zeros elsewhere): each data-parallel rank fills its rows, then sum."""
         B, L = batch.input_ids.shape
-        old_logp = torch.zeros(B, L)
-        values = torch.zeros(B, L) if self.critic is not None else None
+        old_logp = torch.zeros(B, L, device=self.device)
+        values = torch.zeros(B, L, device=self.device) if self.critic is not None else None
 
         def collect(target, as_logprobs, p, output):
-            rows = (self._logprobs(p, output) if as_logprobs else p.unpack(output[..., 0])).detach().float().cpu()
+            rows = (self._logprobs(p, output) if as_logprobs else p.unpack(output[..., 0])).detach().float()
             if p.rows:
                 target[torch.tensor(p.rows), : rows.shape[1]] = rows
-            return output.new_zeros(()), torch.tensor(0, dtype=torch.int), {}
+            return output.new_zeros(()), self._count(0), {}
 
         with torch.no_grad():
             self._run(self.policy, packs, partial(collect, old_logp, True), forward_only=True)
@@ -266,11 +270,11 @@ class MegatronLearner:
     def _value_loss(self, batch, returns, n_sampled, p: Packed, output):
         mb = batch.select(p.rows) if p.rows else None
         if mb is None:  # a rank without rows: no tokens, no gradient
-            return output.sum() * 0.0, torch.tensor(0, dtype=torch.int), {}
+            return output.sum() * 0.0, self._count(0), {}
         target = returns[torch.tensor(p.rows)][:, : mb.input_ids.shape[1]]
         loss, m = losses.value_loss(p.unpack(output[..., 0]), target, mb.loss_mask, normalizer=n_sampled)
         weighted = {k: float(v) * (1.0 if k.endswith("/loss") else mb.num_sampled / n_sampled) for k, v in m.items()}
-        return loss * n_sampled, torch.tensor(mb.num_sampled, dtype=torch.int), weighted
+        return loss * n_sampled, self._count(mb.num_sampled), weighted
 
     def _policy_update(self, batch, advantages, old_logp) -> dict[str, float]:
         """`algo.policy_minibatches` optimizer steps as in the torch learner, each over its
@@ -291,7 +295,7 @@ class MegatronLearner:
 
     def _policy_loss(self, batch, advantages, old_logp, n_loss, n_sampled, p: Packed, output):
         if not p.rows:
-            return output.sum() * 0.0, torch.tensor(0, dtype=torch.int), {}
+            return output.sum() * 0.0, self._count(0), {}
         mb = batch.select(p.rows)
         idx, n = torch.tensor(p.rows), mb.input_ids.shape[1]
         old = old_logp[idx][:, :n]
@@ -299,7 +303,7 @@ class MegatronLearner:
         # this micro-batch's share of the token count the mean is over (the whole batch's, summed)
         count = self.algo.loss_tokens(batch, p.rows, old_logp)
         weighted = {k: float(v) * (1.0 if k.endswith("/loss") else mb.num_sampled / n_sampled) for k, v in m.items()}
-        return loss * n_loss, torch.tensor(int(round(count)), dtype=torch.int), weighted
+        return loss * n_loss, self._count(count), weighted
 
     # -- weights out, checkpoints -------------------------------------------------------------
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:

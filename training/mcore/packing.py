@@ -56,9 +56,9 @@ class Packed:
 def pack_rows(batch: Batch, rows: list[int], multiple_of: int = 1, thd: bool = False, device="cpu") -> Packed:
     """The rows of `batch` packed into one sequence, padded at the end to a multiple of
     `multiple_of` (tensor parallel size, for sequence parallel). No rows: one pad token."""
-    lengths = [int(batch.attention_mask[r].sum()) for r in rows]
-    ids = [batch.input_ids[r, :n] for r, n in zip(rows, lengths)]
-    tgt = [batch.targets[r, :n] for r, n in zip(rows, lengths)]
+    lengths = [int(n) for n in batch.attention_mask[rows].sum(1).tolist()] if rows else []
+    ids = [batch.input_ids[r, :n].cpu() for r, n in zip(rows, lengths)]
+    tgt = [batch.targets[r, :n].cpu() for r, n in zip(rows, lengths)]
     pos = [torch.arange(n) for n in lengths]
     total = sum(lengths)
     padded = max(multiple_of, -(-max(total, 1) // multiple_of) * multiple_of)
