@@ -82,7 +82,8 @@ def roundtrip(out: str, paths: list[str]) -> None:
 
 def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> None:
     """One SAO and one GRPO step at TP=1 (DP=2) and TP=2 (+ recompute), against the torch learner's; then a
-    TP=2 checkpoint, and loading it under TP=1 (another layout) must be refused."""
+    TP=2 checkpoint: loaded, the next step is the saver's next step; under TP=1 (another
+    layout) it is refused."""
     from training.learners.megatron import MegatronLearner
 
     results = []
@@ -100,13 +101,20 @@ def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> Non
                                 "moved": max(float((weights[k] - v).abs().max()) for k, v in ref["start"].items())})
             if name == "sao" and tp == 2:
                 learner.save(save_dir)
+                after_save = learner.step(BATCH, GROUPS)
+    # a learner loaded from the checkpoint takes the same next step as the one that saved it
+    resumed = MegatronLearner(path, make_algo("sao"), value_checkpoint=critic, tensor_parallel=2, micro_batch_tokens=40,
+                              recompute=True)
+    resumed.load(save_dir)
+    resumed_step = resumed.step(BATCH, GROUPS)
     refused = ""
     try:
         MegatronLearner(path, make_algo("sao"), value_checkpoint=critic, tensor_parallel=1).load(save_dir)
     except mm.LayoutError as e:
         refused = str(e)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps({"steps": results, "refused": refused}, indent=1))
+        Path(out).write_text(json.dumps({"steps": results, "refused": refused, "after_save": after_save,
+                                         "resumed": resumed_step}, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 - HF -> Megatron -> HF is exact and logits agree with transformers' at TP=2 and at PP=2;
 - one SAO and one GRPO step equal the torch learner's (metrics, updated HF weights) at TP=1
-  (two data-parallel ranks) and TP=2; a checkpoint of another layout is refused;
+  (two data-parallel ranks) and TP=2; a learner loaded from a distributed checkpoint takes
+  the saver's next step; a checkpoint of another layout is refused;
 - `torchrun --nproc-per-node 2 -m training.run learner=megatron learner.tensor_parallel=2`
   trains on the embedded default's tasks, is killed, and resumes from its distributed checkpoint;
 - layouts that do not fit the model, and architectures the bridge cannot convert, are named.
@@ -79,6 +80,9 @@ def test_one_step_equals_the_torch_learner(tiny, tmp_path):
             assert abs(mine[k] - v) <= 1e-4 * max(1.0, abs(v)), (r["algo"], r["tp"], k, mine[k], v)
         # one Adam step at lr 1e-3 moves weights by up to ~1e-3; the two learners agree to 1e-4
         assert r["moved"] > 5e-4 and r["max_weight_diff"] < 1e-4, r
+    after, resumed = result["after_save"], result["resumed"]
+    assert after["learner/version"] == resumed["learner/version"] == 2
+    assert all(abs(after[k] - resumed[k]) <= 1e-6 * max(1.0, abs(after[k])) for k in after), (after, resumed)
     assert "tensor_parallel=2" in result["refused"] and "learner.tensor_parallel=1" in result["refused"]
 
 

@@ -336,7 +336,8 @@ class MegatronLearner:
             for sub in ("policy",) + (("critic",) if self.critic is not None else ()):
                 self.tokenizer.save_pretrained(path / sub)
             (path / "layout.json").write_text(json.dumps(self._layout_record(), indent=2))
-            torch.save({"step_count": self.step_count, "version": self.version, "algo": self.algo.state_dict()},
+            torch.save({"step_count": self.step_count, "version": self.version, "algo": self.algo.state_dict(),
+                        "adam_steps": {name: _adam_step(model.optimizer) for name, model in self._models()}},
                        path / "learner.pt")
         self._barrier()
 
@@ -346,6 +347,7 @@ class MegatronLearner:
 
         path = Path(path)
         saved = json.loads((path / "layout.json").read_text())
+        run = torch.load(path / "learner.pt", weights_only=False)
         now = self._layout_record()
         for field in ("tensor_parallel", "pipeline_parallel", "expert_parallel", "data_parallel", "distributed_optimizer", "critic"):
             if saved.get(field) != now.get(field):
@@ -360,7 +362,7 @@ class MegatronLearner:
                 mm._unwrap(chunk).load_state_dict(weights)
             with torch.no_grad():  # copies into the main parameters, leaves that require grad
                 model.optimizer.load_state_dict(state["optimizer"])
-        run = torch.load(path / "learner.pt", weights_only=False)
+            _set_adam_step(model.optimizer, run["adam_steps"][name])
         self.step_count, self.version = run["step_count"], run["version"]
         self.algo.load_state_dict(run["algo"])
         rank = dist.get_rank() if dist.is_initialized() else 0
@@ -408,16 +410,51 @@ def _fresh_adam_state(optimizer) -> None:
                     inner.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
 
 
+def _inner_optimizers(optimizer):
+    return [opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def _adam_step(optimizer) -> float:
+    """Adam's step count (every parameter of the optimizer has taken the same steps)."""
+    steps = {float(st["step"]) for inner in _inner_optimizers(optimizer) for st in inner.state.values() if "step" in st}
+    assert len(steps) <= 1, steps
+    return steps.pop() if steps else 0.0
+
+
+def _set_adam_step(optimizer, step: float) -> None:
+    """Put torch Adam's per-parameter step back after megatron's load. Its checkpoint keeps
+    the step for the fused Adams of Apex and Transformer Engine; without them (this CPU path)
+    the loaded steps come back 0, and Adam's bias correction after a resume would be a first
+    step's. Each parameter gets its own tensor: Adam adds 1 to each in place."""
+    for inner in _inner_optimizers(optimizer):
+        for st in inner.state.values():
+            if "step" in st:
+                st["step"] = torch.tensor(float(step))
+
+
 def _ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """This rank's generators: torch (and CUDA), numpy, python, and megatron's named
+    model-parallel states (dropout in tensor-parallel regions, recomputation)."""
+    from megatron.core import tensor_parallel
+
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+             "megatron": tensor_parallel.get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def _set_rng_state(state: dict) -> None:
+    from megatron.core import tensor_parallel
+
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
