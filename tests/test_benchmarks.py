@@ -37,3 +37,10 @@ def test_engine_batching_benchmark_prints_both_ways():
     r = run("benchmarks.engine_batching", "--engine", "hf", "--threads", "2", "--requests", "1", "--tokens", "4")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "one at a time tok/s" in r.stdout and "batched / one at a time" in r.stdout
+
+
+def test_learner_step_benchmark_runs_both_learners():
+    r = run("benchmarks.learner_step", "--rows", "2", "--tokens", "96", "--repeats", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(result["seconds"]) == {"torch", "megatron"} and result["ratio_megatron_torch"] > 0

@@ -75,7 +75,7 @@ class MegatronLearner:
         dtype: str = "auto",  # bfloat16 (fp32 master weights) with CUDA, float32 on CPU
         weight_decay: float = 0.0,
         grad_clip: float = 1.0,
-        micro_batch_tokens: int = 8192,
+        micro_batch_tokens: int | None = None,
         sampling_temperature: float = 1.0,
         seed: int = 0,
     ):
@@ -94,7 +94,9 @@ class MegatronLearner:
         torch.manual_seed(seed)
         self.algo = algo
         self.temperature = sampling_temperature
-        self.micro_batch_tokens = micro_batch_tokens
+        # packed sequences: with TE's attention (THD) a token costs the same in any pack; megatron's
+        # local attention masks a [T, T] block-diagonal square, so its packs stay short
+        self.micro_batch_tokens = micro_batch_tokens or (8192 if mm.HAVE_TE else 1024)
         self.layout = mm.Layout(tensor_parallel, pipeline_parallel, expert_parallel, sequence_parallel)
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.hf_config = mm.hf_config_of(model_path)
