@@ -17,7 +17,8 @@ GROUPS = [0, 0, 1, 1]
 def make_algo(name: str):
     if name == "sao":  # no warm-up: this one step updates critic (K = 2) and policy
         return SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3)
-    return GRPO(group_size=2, lr_policy=1e-3, policy_minibatches=2)
+    # four mini-batches of one row: at two data-parallel ranks one of them has no rows each time
+    return GRPO(group_size=2, lr_policy=1e-3, policy_minibatches=4)
 
 
 def make_tiny(out: Path, model_type: str) -> Path:

@@ -131,6 +131,10 @@ def test_layouts_and_architectures_that_do_not_fit_are_named(tiny):
     moe = AutoConfig.for_model("qwen3_moe", num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, num_experts=6)
     with pytest.raises(LayoutError, match="expert_parallel=4 does not divide the model's 6 experts"):
         check_layout(Layout(expert_parallel=4), moe, world=4)
+    moe8 = AutoConfig.for_model("qwen3_moe", num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2, num_experts=8)
+    check_layout(Layout(tensor_parallel=4, expert_parallel=2), moe8, world=8)  # experts over 2 data-parallel ranks
+    with pytest.raises(LayoutError, match="expert_parallel=4 does not divide the 2 data-parallel ranks"):
+        check_layout(Layout(tensor_parallel=4, expert_parallel=4), moe8, world=8)
     with pytest.raises(LayoutError, match="architecture 'gpt2'.*cannot be converted by mbridge; it converts .*qwen3"):
         make_bridge(GPT2Config(), torch.float32, Layout())
     if not HAVE_TE:  # experts are laid out as TE's grouped MLP: without TE, dense models only

@@ -195,6 +195,9 @@ def follow(learner) -> None:
         elif command == "save":
             learner.save(*args)
         elif command == "load":
-            learner.load(*args)
+            try:
+                learner.load(*args)
+            except ValueError:  # a checkpoint this learner refuses: rank 0 says why, then sends stop
+                continue
         else:
             raise AssertionError(f"unknown learner command {command!r}")

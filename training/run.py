@@ -160,7 +160,11 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
     orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None)
     latest = checkpoints.latest() if cfg.resume else None
     if latest is not None:
-        learner.load(latest)
+        try:
+            learner.load(latest)
+        except LayoutError as e:  # a checkpoint of another parallel layout: said, exit 2
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            sys.exit(2)
         state = json.loads((latest / "run_state.json").read_text())
         orch.step = state["step"]
         sampler.load_state_dict(state["sampler"])

@@ -159,6 +159,13 @@ class MegatronLearner:
 
     # -- forward-backward over packed micro-batches ------------------------------------------
     def _packs(self, batch: Batch, parts: list[list[int]]) -> list[Packed]:
+        """`parts` packed, then padded with empty micro-batches to the most any data-parallel
+        rank has: MoE's token dispatch is a collective over ranks of several data-parallel
+        replicas, so each must run the same number of micro-batches."""
+        if self.dp > 1:
+            most = torch.tensor([len(parts)], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.dp_group)
+            parts = parts + [[] for _ in range(int(most.item()) - len(parts))]
         multiple = self.tp if self.layout.sequence_parallel and self.tp > 1 else 1
         return [pack_rows(batch, rows, multiple, thd=mm.HAVE_TE, device=self.device) for rows in parts]
 
@@ -202,12 +209,13 @@ class MegatronLearner:
         return torch.tensor(int(round(n)), dtype=torch.int, device=self.device)
 
     def _sum_over_dp(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Per-rank partial sums summed over the data-parallel group; a key a rank lacks (it had
+        no rows) counts 0 there."""
         if self.dp == 1:
             return dict(metrics)
-        keys = sorted(metrics)
-        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=self.dp_group)
-        return dict(zip(keys, t.tolist()))
+        parts: list[dict] = [{} for _ in range(self.dp)]
+        dist.all_gather_object(parts, dict(metrics), group=self.dp_group)
+        return {k: sum(p.get(k, 0.0) for p in parts) for k in sorted({k for p in parts for k in p})}
 
     # -- one step -----------------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
@@ -286,6 +294,8 @@ class MegatronLearner:
         acc: dict[str, float] = defaultdict(float)
         for i in range(M):
             share = list(range(i, len(batch), M))
+            if not share:  # fewer rows than mini-batches: the torch learner's step moves nothing either
+                continue
             mine = [share[j] for j in shard_rows([lengths[r] for r in share], self.dp_rank, self.dp)]
             n_loss = max(self.algo.loss_tokens(batch, share, old_logp), 1.0)
             n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)
@@ -309,13 +319,17 @@ class MegatronLearner:
 
     # -- weights out, checkpoints -------------------------------------------------------------
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
-        """The policy's weights by HF name, gathered across TP/PP/EP by the bridge (a collective:
-        every rank calls it; rank 0 gets them), the tied output head included (vLLM needs it)."""
-        weights = [(name, t.detach().to("cpu")) for name, t in mm.export_hf(self.policy.bridge, self.policy.chunks)]
-        names = {n for n, _ in weights}
-        if "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
-            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
-        return weights
+        """The policy's weights by HF name, gathered across TP/PP/EP by the bridge, the tied
+        output head included (vLLM needs it). A collective: every rank takes part; rank 0 keeps
+        the weights (on the CPU), the others drop each tensor once it is gathered."""
+        keep = not dist.is_initialized() or dist.get_rank() == 0
+        weights: dict[str, torch.Tensor] = {}
+        for name, t in mm.export_hf(self.policy.bridge, self.policy.chunks):
+            if keep:  # (tied under PP: the first and last stages both send the embedding; once is enough)
+                weights[name] = t.detach().to("cpu")
+        if keep and "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        return list(weights.items())
 
     def save(self, path: str | Path) -> None:
         """`megatron/` (megatron's distributed checkpoint: models, optimizers), `layout.json`,

@@ -73,8 +73,9 @@ def check_layout(layout: Layout, hf_config, world: int) -> None:
         raise LayoutError(f"learner.expert_parallel={ep}: the model ({hf_config.model_type}) has no experts")
     if experts and experts % ep:
         raise LayoutError(f"learner.expert_parallel={ep} does not divide the model's {experts} experts")
-    if ep > 1 and (dp * tp) % ep:
-        raise LayoutError(f"learner.expert_parallel={ep} does not divide data x tensor parallel = {dp * tp} ranks")
+    if dp % ep:  # megatron: experts are split over data-parallel ranks (expert tensor parallel = TP)
+        raise LayoutError(f"learner.expert_parallel={ep} does not divide the {dp} data-parallel ranks "
+                          f"({world} ranks / tensor {tp} x pipeline {pp})")
 
 
 def _num_experts(hf_config) -> int:
@@ -234,8 +235,11 @@ def _value_head(model, pre_process, post_process, config, hf_config):
 
 
 def _freeze_attention(model, pre_process, post_process, config, hf_config):
+    """The attention's projections (and its q/k norms) stop training, as the torch learner's
+    `self_attn`; the input norm trains, including where Transformer Engine fuses it into
+    `linear_qkv` (`layer_norm_weight`)."""
     for name, p in model.named_parameters():
-        if ".self_attention." in name:
+        if ".self_attention." in name and "linear_qkv.layer_norm_" not in name:
             p.requires_grad_(False)
 
 
