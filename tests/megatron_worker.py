@@ -45,7 +45,10 @@ def logits_of(chunks, ids: torch.Tensor) -> torch.Tensor | None:
                                     seq_length=T, micro_batch_size=1, forward_only=True)
     if not ps.is_pipeline_last_stage():
         return None
-    return gather_from_tensor_model_parallel_region(got[0])
+    # the policy hands back its final hidden states (training/mcore/logprobs.py): logits from
+    # them and this rank's vocab shard of the output weight, then the whole vocabulary
+    weight = mm._unwrap(chunks[-1]).output_layer.loss_weight
+    return gather_from_tensor_model_parallel_region(got[0] @ weight.t())
 
 
 def roundtrip(out: str, paths: list[str]) -> None:
@@ -89,9 +92,10 @@ def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> Non
     results = []
     for name in ("sao", "grpo"):
         for tp in (1, 2):
-            # TP=2 also recomputes activations (with sequence parallel): the same numbers
+            # TP=2 also recomputes activations (with sequence parallel) and takes logprobs 16 tokens
+            # at a time: the same numbers
             learner = MegatronLearner(path, make_algo(name), value_checkpoint=critic, tensor_parallel=tp,
-                                      micro_batch_tokens=40, recompute=tp == 2)
+                                      micro_batch_tokens=40, recompute=tp == 2, logprob_chunk=16 if tp == 2 else 1024)
             metrics = learner.step(BATCH, GROUPS)
             weights = dict(learner.state_dict_for_engine())
             if dist.get_rank() == 0:
@@ -104,7 +108,7 @@ def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> Non
                 after_save = learner.step(BATCH, GROUPS)
     # a learner loaded from the checkpoint takes the same next step as the one that saved it
     resumed = MegatronLearner(path, make_algo("sao"), value_checkpoint=critic, tensor_parallel=2, micro_batch_tokens=40,
-                              recompute=True)
+                              recompute=True, logprob_chunk=16)
     resumed.load(save_dir)
     resumed_step = resumed.step(BATCH, GROUPS)
     refused = ""

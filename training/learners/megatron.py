@@ -17,8 +17,9 @@ forward-backward schedule over token-budget micro-batches of packed sequences. L
 megatron's per-token mode: a micro-batch returns its loss summed over its tokens and the
 number of tokens it adds to the mean, and megatron divides the gradient by the whole batch's
 count over micro-batches and data-parallel ranks, which is the torch learner's token mean.
-Logprobs come from the vocab-parallel logits (`vocab_parallel_cross_entropy`): no rank ever
-holds a full [tokens, vocab] tensor.
+Logprobs come from the final hidden states and each rank's vocab shard of the output weight,
+a chunk of tokens at a time (`training/mcore/logprobs.py`): no rank ever holds more than
+chunk x vocab / tensor-parallel logits.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from training.distributed import shard_rows
 from training.learners.metrics import batch_metrics
 from training.mcore import cpu as mcore_cpu
 from training.mcore import model as mm
+from training.mcore.logprobs import vocab_parallel_logprobs
 from training.mcore.packing import Packed, pack_rows, token_budget_parts
 
 
@@ -76,6 +78,7 @@ class MegatronLearner:
         weight_decay: float = 0.0,
         grad_clip: float = 1.0,
         micro_batch_tokens: int | None = None,
+        logprob_chunk: int = 1024,
         sampling_temperature: float = 1.0,
         seed: int = 0,
     ):
@@ -84,11 +87,11 @@ class MegatronLearner:
         with mcore_cpu.scope():  # (the decorator found it off when this call began)
             self._init(model_path, algo, value_checkpoint, tensor_parallel, pipeline_parallel, expert_parallel,
                        sequence_parallel, distributed_optimizer, recompute, dtype, weight_decay, grad_clip,
-                       micro_batch_tokens, sampling_temperature, seed)
+                       micro_batch_tokens, logprob_chunk, sampling_temperature, seed)
 
     def _init(self, model_path, algo, value_checkpoint, tensor_parallel, pipeline_parallel, expert_parallel,
               sequence_parallel, distributed_optimizer, recompute, dtype, weight_decay, grad_clip,
-              micro_batch_tokens, sampling_temperature, seed):
+              micro_batch_tokens, logprob_chunk, sampling_temperature, seed):
         from megatron.core import parallel_state as ps
 
         torch.manual_seed(seed)
@@ -97,6 +100,7 @@ class MegatronLearner:
         # packed sequences: with TE's attention (THD) a token costs the same in any pack; megatron's
         # local attention masks a [T, T] block-diagonal square, so its packs stay short
         self.micro_batch_tokens = micro_batch_tokens or (8192 if mm.HAVE_TE else 1024)
+        self.logprob_chunk = logprob_chunk
         self.layout = mm.Layout(tensor_parallel, pipeline_parallel, expert_parallel, sequence_parallel)
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.hf_config = mm.hf_config_of(model_path)
@@ -183,11 +187,12 @@ class MegatronLearner:
             num_microbatches=len(packs), seq_length=max(p.input_ids.shape[1] for p in packs),
             micro_batch_size=1, forward_only=forward_only)
 
-    def _logprobs(self, p: Packed, logits: torch.Tensor) -> torch.Tensor:
-        """[rows, L] log pi_theta(target) at temperature from [1, T, V/tp] vocab-parallel logits."""
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-        logp = -vocab_parallel_cross_entropy(logits.float() / self.temperature, p.targets)
+    def _logprobs(self, p: Packed, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, L] log pi_theta(target) at temperature from the policy's [1, T, H] final hidden
+        states and this rank's vocab shard of the output weight, a chunk of tokens at a time."""
+        weight = mm._unwrap(self.policy.chunks[-1]).output_layer.loss_weight
+        logp = vocab_parallel_logprobs(hidden.reshape(-1, hidden.shape[-1]), weight, p.targets.reshape(-1),
+                                       self.temperature, self.logprob_chunk)
         return p.unpack(logp)
 
     def _update(self, model: _Model, packs: list[Packed], loss_fn) -> dict[str, float]:

@@ -246,8 +246,12 @@ def _freeze_attention(model, pre_process, post_process, config, hf_config):
 def build(bridge, model_path: str, *, value_model: bool = False, freeze_attention: bool = False,
           bf16: bool = False, distributed_optimizer: bool = True) -> list:
     """The model chunks (DDP-wrapped), with the checkpoint's weights loaded through the bridge.
-    A critic gets a value head; from a value checkpoint (HF `score.weight`) the head is loaded too."""
-    callbacks = ([_value_head] if value_model else []) + ([_freeze_attention] if freeze_attention else [])
+    A critic gets a value head (loaded too from a value checkpoint's `score.*`); a policy's
+    forward returns its final hidden states, for `training.mcore.logprobs`."""
+    from training.mcore.logprobs import hidden_out
+
+    # the policy's logprobs are computed from its hidden states in chunks (training/mcore/logprobs.py)
+    callbacks = ([_value_head] if value_model else [hidden_out]) + ([_freeze_attention] if freeze_attention else [])
     ddp = {"grad_reduce_in_fp32": True, "use_distributed_optimizer": distributed_optimizer,
            "overlap_grad_reduce": False, "overlap_param_gather": False}
     chunks = bridge.get_model(post_model_creation_callbacks=callbacks, wrap_with_ddp=True, bf16=bf16, fp16=False,
