@@ -84,23 +84,25 @@ def roundtrip(out: str, paths: list[str]) -> None:
 
 
 def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> None:
-    """One SAO and one GRPO step at TP=1 (DP=2) and TP=2 (+ recompute), against the torch learner's; then a
+    """One SAO and one GRPO step at TP=1 (DP=2), TP=2 (+ recompute) and (SAO) PP=2, against the torch learner's; then a
     TP=2 checkpoint: loaded, the next step is the saver's next step; under TP=1 (another
     layout) it is refused."""
     from training.learners.megatron import MegatronLearner
 
     results = []
+    layouts = {"sao": ((1, 1), (2, 1), (1, 2)), "grpo": ((1, 1), (2, 1))}  # (tensor, pipeline)
     for name in ("sao", "grpo"):
-        for tp in (1, 2):
+        for tp, pp in layouts[name]:
             # TP=2 also recomputes activations (with sequence parallel) and takes logprobs 16 tokens
             # at a time: the same numbers
             learner = MegatronLearner(path, make_algo(name), value_checkpoint=critic, tensor_parallel=tp,
-                                      micro_batch_tokens=40, recompute=tp == 2, logprob_chunk=16 if tp == 2 else 1024)
+                                      pipeline_parallel=pp, micro_batch_tokens=40, recompute=tp == 2,
+                                      logprob_chunk=16 if tp == 2 else 1024)
             metrics = learner.step(BATCH, GROUPS)
             weights = dict(learner.state_dict_for_engine())
             if dist.get_rank() == 0:
                 ref = torch.load(reference, weights_only=False)[name]
-                results.append({"algo": name, "tp": tp, "metrics": metrics, "ref_metrics": ref["metrics"],
+                results.append({"algo": name, "tp": tp, "pp": pp, "metrics": metrics, "ref_metrics": ref["metrics"],
                                 "max_weight_diff": max(float((weights[k] - v).abs().max()) for k, v in ref["weights"].items()),
                                 "moved": max(float((weights[k] - v).abs().max()) for k, v in ref["start"].items())})
             if name == "sao" and tp == 2:

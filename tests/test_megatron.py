@@ -2,7 +2,7 @@
 
 - HF -> Megatron -> HF is exact and logits agree with transformers' at TP=2 and at PP=2;
 - one SAO and one GRPO step equal the torch learner's (metrics, updated HF weights) at TP=1
-  (two data-parallel ranks) and TP=2; a learner loaded from a distributed checkpoint takes
+  (two data-parallel ranks), TP=2 and (SAO) PP=2; a learner loaded from a distributed checkpoint takes
   the saver's next step; a checkpoint of another layout is refused;
 - `torchrun --nproc-per-node 2 -m training.run learner=megatron learner.tensor_parallel=2`
   trains on the embedded default's tasks, is killed, and resumes from its distributed checkpoint;
@@ -72,12 +72,13 @@ def test_one_step_equals_the_torch_learner(tiny, tmp_path):
     out = tmp_path / "step.json"
     torchrun(str(WORKER), "step", str(out), model, str(critic), str(tmp_path / "reference.pt"), str(tmp_path / "ckpt"))
     result = json.loads(out.read_text())
-    assert {(r["algo"], r["tp"]) for r in result["steps"]} == {(a, tp) for a in ("sao", "grpo") for tp in (1, 2)}
+    assert {(r["algo"], r["tp"], r["pp"]) for r in result["steps"]} == \
+        {("sao", 1, 1), ("sao", 2, 1), ("sao", 1, 2), ("grpo", 1, 1), ("grpo", 2, 1)}
     for r in result["steps"]:
         mine, ref = r["metrics"], r["ref_metrics"]
         assert set(ref) <= set(mine), set(ref) - set(mine)
         for k, v in ref.items():  # fp32, summed in another order: 1e-4 relative
-            assert abs(mine[k] - v) <= 1e-4 * max(1.0, abs(v)), (r["algo"], r["tp"], k, mine[k], v)
+            assert abs(mine[k] - v) <= 1e-4 * max(1.0, abs(v)), (r["algo"], r["tp"], r["pp"], k, mine[k], v)
         # one Adam step at lr 1e-3 moves weights by up to ~1e-3; the two learners agree to 1e-4
         assert r["moved"] > 5e-4 and r["max_weight_diff"] < 1e-4, r
     after, resumed = result["after_save"], result["resumed"]
