@@ -39,7 +39,7 @@ from agent.trajectory import Trajectory
 from training import losses
 from training.batch import Batch, pack
 from training.distributed import shard_rows
-from training.learners.metrics import batch_metrics
+from training.learners.metrics import accumulate, batch_metrics, policy_health
 from training.mcore import cpu as mcore_cpu
 from training.mcore import model as mm
 from training.mcore.logprobs import vocab_parallel_logprobs
@@ -244,8 +244,7 @@ class MegatronLearner:
             metrics.update(self._policy_update(batch, advantages, old_logp))
             self.version += 1
         elif self.last_stage:  # no update, but the same health metrics (mask fractions, ratio)
-            health = self.algo.policy_loss(old_logp, batch, advantages, old_logp, n_sampled)[1]
-            metrics.update({k: v for k, v in health.items() if not k.endswith("/loss")})
+            metrics.update(policy_health(self.algo, batch, advantages, old_logp, n_sampled))
         self.algo.observe_rewards(batch.rewards)
         self.step_count += 1
         metrics["learner/step"] = float(self.step_count)
@@ -288,7 +287,8 @@ class MegatronLearner:
             return output.sum() * 0.0, self._count(0), {}
         target = returns[torch.tensor(p.rows)][:, : mb.input_ids.shape[1]]
         loss, m = losses.value_loss(p.unpack(output[..., 0]), target, mb.loss_mask, normalizer=n_sampled)
-        weighted = {k: float(v) * (1.0 if k.endswith("/loss") else mb.num_sampled / n_sampled) for k, v in m.items()}
+        weighted: dict[str, float] = defaultdict(float)
+        accumulate(weighted, m, mb.num_sampled / n_sampled)
         return loss * n_sampled, self._count(mb.num_sampled), weighted
 
     def _policy_update(self, batch, advantages, old_logp) -> dict[str, float]:
@@ -319,7 +319,8 @@ class MegatronLearner:
         loss, m = self.algo.policy_loss(self._logprobs(p, output), mb, advantages[idx][:, :n], old, n_loss)
         # this micro-batch's share of the token count the mean is over (the whole batch's, summed)
         count = self.algo.loss_tokens(batch, p.rows, old_logp)
-        weighted = {k: float(v) * (1.0 if k.endswith("/loss") else mb.num_sampled / n_sampled) for k, v in m.items()}
+        weighted: dict[str, float] = defaultdict(float)
+        accumulate(weighted, m, mb.num_sampled / n_sampled)
         return loss * n_loss, self._count(count), weighted
 
     # -- weights out, checkpoints -------------------------------------------------------------
@@ -327,12 +328,8 @@ class MegatronLearner:
         """The policy's weights by HF name, gathered across TP/PP/EP by the bridge, the tied
         output head included (vLLM needs it). A collective: every rank takes part; rank 0 keeps
         the weights (on the CPU), the others drop each tensor once it is gathered."""
-        keep = not dist.is_initialized() or dist.get_rank() == 0
-        weights: dict[str, torch.Tensor] = {}
-        for name, t in mm.export_hf(self.policy.bridge, self.policy.chunks):
-            if keep:  # (tied under PP: the first and last stages both send the embedding; once is enough)
-                weights[name] = t.detach().to("cpu")
-        if keep and "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+        weights = mm.gather_hf(self.policy.bridge, self.policy.chunks)
+        if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         return list(weights.items())
 

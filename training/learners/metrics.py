@@ -1,4 +1,5 @@
-"""The batch's health before an update, as every learner logs it (one copy for all)."""
+"""What every learner logs, one copy for all: the batch's health before an update, the policy's
+health in a step that does not update it, and micro-batch metrics summed into the batch's."""
 
 from __future__ import annotations
 
@@ -32,3 +33,18 @@ def batch_metrics(batch: Batch, old_logp: torch.Tensor, advantages: torch.Tensor
         # cleanrl's explained variance: the values that made the advantages, whole batch
         metrics["value/explained_var"] = losses.value_loss(values, returns, batch.loss_mask)[1]["value/explained_var"]
     return metrics
+
+
+def policy_health(algo, batch: Batch, advantages: torch.Tensor, old_logp: torch.Tensor, n_sampled: float) -> dict[str, float]:
+    """A step without a policy update (the critic's warm-up) logs the same mask fractions and
+    ratio as one with it, at the current weights; no loss, since none is optimised."""
+    with torch.no_grad():
+        health = algo.policy_loss(old_logp, batch, advantages, old_logp, n_sampled)[1]
+    return {k: v for k, v in health.items() if not k.endswith("/loss")}
+
+
+def accumulate(acc: dict[str, float], metrics: dict[str, float], weight: float) -> None:
+    """Token-weighted mean of per-micro-batch metrics; losses, already divided by the whole
+    batch's token count, are summed."""
+    for k, v in metrics.items():
+        acc[k] += float(v) * (1.0 if k.endswith("/loss") else weight)

@@ -23,7 +23,7 @@ from transformers.utils import logging as hf_logging
 from agent.trajectory import Trajectory
 from training import distributed, losses
 from training.batch import Batch, micro_batch_rows, pack
-from training.learners.metrics import batch_metrics
+from training.learners.metrics import accumulate, batch_metrics, policy_health
 from training.logprobs import token_logprobs
 
 
@@ -125,9 +125,7 @@ class TorchLearner:
             metrics.update(self._policy_update(batch, advantages, old_logp))
             self.version += 1
         else:  # no update (so no loss logged), but the same health metrics: mask fractions, ratio
-            with torch.no_grad():
-                health = self.algo.policy_loss(old_logp, batch, advantages, old_logp, n_sampled)[1]
-            metrics.update({k: v for k, v in health.items() if not k.endswith("/loss")})
+            metrics.update(policy_health(self.algo, batch, advantages, old_logp, n_sampled))
         self.algo.observe_rewards(batch.rewards)
         self.step_count += 1
         metrics["learner/step"] = float(self.step_count)
@@ -142,7 +140,7 @@ class TorchLearner:
             target = _rows(returns, rows, mb.input_ids.shape[1])
             loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
             loss.backward()
-            _accumulate(acc, m, mb.num_sampled / n_sampled)
+            accumulate(acc, m, mb.num_sampled / n_sampled)
         distributed.sum_gradients(self.critic)
         acc = distributed.sum_metrics(acc)
         acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
@@ -182,7 +180,7 @@ class TorchLearner:
             loss, m = self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n),
                                             _rows(old_logp, rows, n), n_loss)
             loss.backward()
-            _accumulate(acc, m, mb.num_sampled / n_sampled)
+            accumulate(acc, m, mb.num_sampled / n_sampled)
         distributed.sum_gradients(self.policy)
         acc = distributed.sum_metrics(acc)
         acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
@@ -238,10 +236,3 @@ def _load_critic(source: str, config, dtype, fresh_head: bool):
         return AutoModelForTokenClassification.from_pretrained(source, config=config, dtype=dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
-
-
-def _accumulate(acc: dict[str, float], metrics: dict[str, float], weight: float) -> None:
-    """Token-weighted mean of per-micro-batch metrics; losses, already divided by the whole
-    batch's token count, are summed."""
-    for k, v in metrics.items():
-        acc[k] += float(v) * (1.0 if k.endswith("/loss") else weight)

@@ -12,7 +12,6 @@ the critic's value head, and the checks.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -266,10 +265,17 @@ def _unwrap(module):
     return module
 
 
-def export_hf(bridge, chunks):
-    """(HF name, full tensor) for every weight, gathered across TP/PP/EP: a collective, every
-    rank must iterate it (rank 0 uses what comes out). A critic's head is `score.*`."""
-    yield from bridge.export_weights(chunks)
+def gather_hf(bridge, chunks) -> dict[str, torch.Tensor]:
+    """Every weight by HF name, gathered across TP/PP/EP by the bridge, on the CPU. A collective:
+    every rank takes part; rank 0 keeps the tensors, the others drop each once it is gathered
+    (and get {}). A critic's head is `score.*`; a tied embedding sent by two pipeline stages is
+    kept once."""
+    keep = not dist.is_initialized() or dist.get_rank() == 0
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in bridge.export_weights(chunks):
+        if keep:
+            weights[name] = tensor.detach().to("cpu").contiguous()
+    return weights
 
 
 def save_hf(bridge, chunks, out: Path, hf_config, value_model: bool = False) -> None:
@@ -278,17 +284,10 @@ def save_hf(bridge, chunks, out: Path, hf_config, value_model: bool = False) -> 
     Written by rank 0; every rank takes part in the gather."""
     from safetensors.torch import save_file
 
-    tensors = {}
-    for name, tensor in export_hf(bridge, chunks):
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            tensors[name] = tensor.detach().to("cpu").contiguous()
+    tensors = gather_hf(bridge, chunks)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     out.mkdir(parents=True, exist_ok=True)
-    if not HAVE_TE and _num_experts(hf_config):
-        raise LayoutError(f"model.path: {hf_config.model_type} is a mixture of experts; mbridge lays its experts out "
-                          "as Transformer Engine's grouped MLP, and Transformer Engine is not installed (GPU "
-                          "machines: pip install transformer-engine). Without it, dense models only")
     config = copy.deepcopy(hf_config)
     if value_model:
         config.architectures = [config.architectures[0].replace("ForCausalLM", "ForTokenClassification")]
@@ -300,4 +299,3 @@ def save_hf(bridge, chunks, out: Path, hf_config, value_model: bool = False) -> 
         tensors.pop("lm_head.weight", None)  # tied: transformers rebuilds it from the embedding
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
-    (out / "megatron_export.json").write_text(json.dumps({"tensors": len(tensors)}))
