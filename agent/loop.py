@@ -19,6 +19,9 @@ from agent.trajectory import Trajectory
 from envs.base import Env, Task
 from sandbox.base import Sandbox, SandboxError
 
+# the wall-time limit's clock (a test sets its own: a loaded machine would make real time flaky)
+clock = time.monotonic
+
 PROMPTS = Path(__file__).parent / "prompts"
 
 
@@ -57,7 +60,7 @@ class Agent:
     def run(self, task: Task, env: Env, sandbox: Sandbox, seed: int | None = None) -> Trajectory:
         """One rollout of `task` in `sandbox` (already created; the caller closes it)."""
         cfg = self.config
-        start = time.monotonic()
+        start = clock()
         timings = {"generate": 0.0, "tools": 0.0}
         # an env may name its own tools and system prompt (a small verifiable env, say)
         tools = ToolBox(sandbox, tools=getattr(env, "tools", DEFAULT_TOOLS), default_timeout_s=cfg.command_timeout_s,
@@ -74,7 +77,7 @@ class Agent:
         format_errors = 0
         try:
             for turn in range(cfg.max_turns):
-                if time.monotonic() - start > cfg.wall_time_s:
+                if clock() - start > cfg.wall_time_s:
                     raise RolloutExit("timeout", f"wall time {cfg.wall_time_s:g}s")
                 budget = cfg.max_tokens - traj.num_tokens
                 if budget <= 0:
@@ -85,7 +88,7 @@ class Agent:
                                           (self.eos_id,), None if seed is None else seed + turn)
                 completion = self.engine.generate(traj.prompt_ids + traj.completion_ids, sampling)
                 timings["generate"] += time.monotonic() - t0
-                traj.append_sampled(completion.token_ids, completion.logprobs, version)
+                traj.append_sampled(completion.token_ids, completion.logprobs, completion.versions or version)
                 traj.turns = turn + 1
                 ended = bool(completion.token_ids) and completion.token_ids[-1] == self.eos_id
                 text = chat.decode(completion.token_ids[:-1] if ended else completion.token_ids)

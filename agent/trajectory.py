@@ -26,12 +26,15 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)  # seconds: generate, tools, grade, total
     info: dict[str, Any] = field(default_factory=dict)  # grading report, model, engine, limits
 
-    def append_sampled(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
+    def append_sampled(self, token_ids: list[int], logprobs: list[float], version: int | list[int]) -> None:
+        """`version`: the one that sampled them all, or each token's own (a sync mid-turn)."""
         assert len(token_ids) == len(logprobs)
+        versions = [version] * len(token_ids) if isinstance(version, int) else list(version)
+        assert len(versions) == len(token_ids)
         self.completion_ids += token_ids
         self.loss_mask += [1] * len(token_ids)
         self.logprobs += logprobs
-        self.policy_version += [version] * len(token_ids)
+        self.policy_version += versions
 
     def append_observation(self, token_ids: list[int]) -> None:
         self.completion_ids += token_ids

@@ -169,7 +169,7 @@ def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: 
     """The story of `--ckpt`: the model, the output directory, the engine and agent, the
     rollouts with their grades, the reports."""
     from agent.engines import make_engine
-    from agent.engines.shared import SharedEngine
+    from agent.engines.shared import shareable
     from agent.loop import Agent, AgentConfig
     from eval.agent_eval import OutputError, evaluate_agent, prepare_output
     from eval.report import write_agent_reports
@@ -189,7 +189,7 @@ def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: 
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-        engine = SharedEngine(make_engine(kind, model, **options))
+        engine = shareable(make_engine(kind, model, **options))
     except Exception as e:  # a broken directory, no vLLM, a context longer than the model's
         raise UsageError(f"--ckpt {args.ckpt}: cannot load {model} on engine {kind} ({type(e).__name__}: {e})") from e
     console.print(f"agent: {model} on {kind} ({', '.join(f'{k} {v}' for k, v in options.items())}), "
@@ -197,8 +197,11 @@ def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: 
                   f"up to {args.max_turns} turns and {max_tokens} tokens -> {out}")
     config = AgentConfig(max_turns=args.max_turns, max_tokens=max_tokens, max_new_tokens=args.max_new_tokens,
                          wall_time_s=args.rollout_timeout, temperature=args.temperature, top_p=args.top_p)
-    records = evaluate_agent(Agent(engine, tokenizer, config), tasks, env, pool, out, runs=args.runs,
-                             max_workers=args.max_workers, resume=args.resume, seed=args.seed, model_name=model)
+    try:
+        records = evaluate_agent(Agent(engine, tokenizer, config), tasks, env, pool, out, runs=args.runs,
+                                 max_workers=args.max_workers, resume=args.resume, seed=args.seed, model_name=model)
+    finally:
+        engine.close()  # the async engine's own process goes with it
     return write_agent_reports(records, tasks, out, model, args.dataset, console)
 
 

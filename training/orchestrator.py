@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agent.engines.shared import SharedEngine
 from agent.loop import Agent
 from agent.rollout import rollout_and_grade
 from agent.trajectory import Trajectory
@@ -101,7 +100,7 @@ class RunConfig:
 
 
 class Orchestrator:
-    def __init__(self, cfg: RunConfig, sampler: TaskSampler, pool: SandboxPool, engine: SharedEngine, learner,
+    def __init__(self, cfg: RunConfig, sampler: TaskSampler, pool: SandboxPool, engine, learner,
                  on_step: Callable[[int, dict, list[Trajectory]], None], start_step: int = 0,
                  stream: RolloutStream | None = None):
         if cfg.batch_size % cfg.group_size:
@@ -200,7 +199,14 @@ class Orchestrator:
         version_before = self.learner.version
         group_ids = [i // self.cfg.group_size for i in range(len(batch))]
         t0 = time.monotonic()
-        metrics = await asyncio.to_thread(self.learner.step, batch, group_ids)
+        sleeps = getattr(self.engine, "sleep_during_step", False)  # colocated on GPUs: the engine frees them
+        if sleeps:
+            await asyncio.to_thread(self.engine.sleep)
+        try:
+            metrics = await asyncio.to_thread(self.learner.step, batch, group_ids)
+        finally:
+            if sleeps:
+                await asyncio.to_thread(self.engine.wake_up)
         learn_s = time.monotonic() - t0
         self.step += 1
         if self.learner.version != version_before and self.step % self.cfg.sync_every == 0:
@@ -217,8 +223,9 @@ class Orchestrator:
             "rollout/errors": float(self.rollout_errors),
             "rollout/turns_mean": sum(t.turns for t in batch) / len(batch),
             "engine/version": float(self.engine.version),
-            "engine/batch_size_mean": self.engine.requests / max(self.engine.batches, 1),  # requests decoded together
+            "engine/batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0),  # requests decoded together
         })
+        metrics.update(self.engine.metrics() if hasattr(self.engine, "metrics") else {})
         for reason in ("submitted", "max_turns", "context_full", "timeout", "format_errors", "sandbox_error"):
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
         self.on_step(self.step, metrics, batch)

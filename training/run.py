@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import AutoTokenizer
 
 from agent.engines import make_engine
-from agent.engines.shared import SharedEngine
+from agent.engines.shared import shareable
 from agent.loop import Agent, AgentConfig
 from envs.base import make_env
 from sandbox.base import Limits
@@ -151,7 +151,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine_kind, engine_options = engine_choice(cfg.engine)
     console.print(f"engine: {engine_kind}" + (" (auto)" if cfg.engine.kind == "auto" else ""))
-    engine = SharedEngine(make_engine(engine_kind, model_path, **engine_options))
+    engine = shareable(make_engine(engine_kind, model_path, **engine_options))
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
                        max_live=cfg.trainer.num_workers + 1)
@@ -206,6 +206,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
                           + (f"{kept} is kept: the same command resumes from it" if kept else "no checkpoint yet"),
                           soft_wrap=True)
             pool.close()
+            engine.close()
             sys.exit(1)
         finally:
             metrics_log.close()
@@ -215,6 +216,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
         held_file.write_text(json.dumps(summary, indent=2))
     plot_rewards(metrics_log.read(), out / "reward_curve.png", title=f"{cfg.algo._target_.split('.')[-1]} on {cfg.run_id}")
     pool.close()
+    engine.close()
     console.print(f"metrics: {metrics_log.path}\ncheckpoints: {checkpoints.root}\nreward curve: {out / 'reward_curve.png'}")
 
 

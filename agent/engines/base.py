@@ -24,6 +24,9 @@ class Completion:
     token_ids: list[int]  # [T] as sampled, the stop token included when one ended it
     logprobs: list[float]  # [T] the sampler's logprob of each token, from the distribution it sampled
     finish_reason: str  # "stop" | "length"
+    # [T] the policy version that sampled each token, where the engine knows it (vLLM's async
+    # engine: a sync in mid-request splits it); None: the version the engine had when asked
+    versions: list[int] | None = None
 
 
 class Engine(Protocol):

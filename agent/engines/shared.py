@@ -82,6 +82,24 @@ class SharedEngine:
             for r in batch:
                 r.done.set()
 
+    @property
+    def batch_size_mean(self) -> float:
+        """Requests decoded together, on average."""
+        return self.requests / max(self.batches, 1)
+
+    def metrics(self) -> dict[str, float]:
+        return {"engine/requests": float(self.requests)}
+
+    def close(self) -> None:
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         with self._lock:
             self.engine.update_weights(named_tensors, version)
+
+
+def shareable(engine):
+    """An engine that many rollout threads may call at once: one that batches continuously
+    itself (vLLM's async engine: it has `agenerate`) as it is, any other behind a SharedEngine."""
+    return engine if hasattr(engine, "agenerate") else SharedEngine(engine)

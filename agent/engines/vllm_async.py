@@ -1,0 +1,239 @@
+"""vLLM's asynchronous engine (`AsyncLLM`) behind the engine protocol: continuous batching.
+
+Each request joins the running batch the moment it arrives and leaves it the moment it ends,
+so a rollout with a short turn never waits for its neighbours' long ones (the blocking
+`LLM.generate` returns only when its whole batch is done). The engine core is a process of its
+own; this object keeps an event loop in a thread, so the agent's rollout threads call the
+blocking `generate` and async code awaits `agenerate`, both on the same engine.
+
+Weights move by vLLM's weight-transfer API, in buckets (`agent.engines.vllm_transfer`):
+`inline` on CPU, `ipc` when the learner shares the engine's GPU, `nccl` when they have their
+own. Around a sync the engine pauses (vLLM's pause mode): with `sync_mode=continue` requests in
+flight freeze and go on under the new weights (vLLM records which version sampled each token,
+and so does the trajectory); with `sync_mode=finish` they finish under the old weights first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+from typing import Iterable
+
+import torch
+
+from agent.engines.base import Completion, SamplingParams
+
+SYNC_MODES = {"continue": "keep", "finish": "wait"}  # ours -> vLLM's pause mode
+
+
+def resolve_transfer(backend: str) -> str:
+    """`auto` is `inline` where there is no CUDA, else `ipc` (the learner beside the engine on
+    its GPU, this process's case); `nccl` is for learners on GPUs of their own (runtime=ray)."""
+    if backend == "auto":
+        return "ipc" if torch.cuda.is_available() else "inline"
+    if backend not in ("inline", "ipc", "nccl"):
+        raise ValueError(f"engine.options.weight_transfer {backend!r}: choose auto, inline, ipc or nccl")
+    if backend in ("ipc", "nccl") and not torch.cuda.is_available():
+        raise ValueError(f"engine.options.weight_transfer {backend!r} needs CUDA; on CPU use inline")
+    return backend
+
+
+class AsyncVLLMEngine:
+    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 16384,
+                 gpu_memory_utilization: float = 0.15, seed: int = 0, sync_mode: str = "continue",
+                 weight_transfer: str = "auto", bucket_mb: int = 256, sleep_during_step: bool = False,
+                 **engine_kwargs):
+        """`gpu_memory_utilization`: vLLM's share of the GPU (0.15 leaves the rest to a learner
+        on the same GPU). `sleep_during_step`: colocated on GPUs, the engine frees its memory
+        (vLLM's sleep mode) while the learner steps. Other keywords go to vLLM's engine args
+        (`tensor_parallel_size`, say)."""
+        if sync_mode not in SYNC_MODES:
+            raise ValueError(f"engine.options.sync_mode {sync_mode!r}: choose continue or finish")
+        if sleep_during_step and not torch.cuda.is_available():
+            raise ValueError("engine.options.sleep_during_step needs GPUs (vLLM's sleep mode frees GPU memory); "
+                             "on CPU leave it false")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
+        from agent.engines.vllm import _quiet_known_noise
+
+        _quiet_known_noise()
+        from agent.engines.vllm_transfer import register
+
+        register()
+        self.sync_mode = sync_mode
+        self.transfer = resolve_transfer(weight_transfer)
+        self.bucket_bytes = bucket_mb << 20
+        self.sleep_during_step = sleep_during_step
+        self.version = 0
+        self._ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async", daemon=True)
+        self._thread.start()
+        self._trainer = None  # vLLM's trainer-side transfer engine, made at the first sync
+        # what the metrics read: requests served, busy time (at least one request running), and
+        # the time-integral of requests running together (its mean is the effective batch size)
+        self.requests = 0
+        self.tokens = 0
+        self.outstanding = 0
+        self.busy_s = 0.0
+        self._running_area = 0.0
+        self._last_change = time.monotonic()
+        self.last_sync: dict[str, float] = {}
+        args = dict(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                    gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+                    enforce_eager=engine_kwargs.pop("enforce_eager", True), enable_sleep_mode=sleep_during_step,
+                    **engine_kwargs)
+        self.llm = self._call(self._start(args))
+        hf_config = self.llm.model_config.hf_config
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    async def _start(self, args: dict):
+        from vllm import AsyncEngineArgs
+        from vllm.config import WeightTransferConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            weight_transfer_config=WeightTransferConfig(backend=self.transfer), **args))
+        await llm.update_weight_version("0")  # every token is labelled with the version that sampled it
+        return llm
+
+    def _call(self, coro):
+        """Run a coroutine on the engine's loop from any other thread and wait for it."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking engine call from the engine's own loop would wait forever: await it")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ---- generation ----
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        return self._call(self.agenerate(prompt_ids, sampling))
+
+    async def agenerate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VSamplingParams(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                 top_p=sampling.top_p, seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
+                                 logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
+        self._running(+1)
+        try:
+            final = None
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                               request_id=f"r{next(self._ids)}"):
+                final = out
+        finally:
+            self._running(-1)
+        seq = final.outputs[0]
+        token_ids = list(seq.token_ids)
+        logprobs = [float(step[tok].logprob) for step, tok in zip(seq.logprobs, token_ids)]
+        versions = [self.version] * len(token_ids)
+        for span in seq.weight_versions or ():
+            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+        self.requests += 1
+        self.tokens += len(token_ids)
+        return Completion(token_ids, logprobs, "stop" if seq.finish_reason == "stop" else "length", versions)
+
+    def _running(self, delta: int) -> None:
+        now = time.monotonic()
+        if self.outstanding:
+            self.busy_s += now - self._last_change
+            self._running_area += self.outstanding * (now - self._last_change)
+        self.outstanding += delta
+        self._last_change = now
+
+    @property
+    def batch_size_mean(self) -> float:
+        """Requests decoded together, averaged over the time the engine was busy."""
+        return self._running_area / self.busy_s if self.busy_s else 0.0
+
+    # ---- weights ----
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Pause, send the weights in buckets through vLLM's weight-transfer API, label the
+        version, reset the prefix cache (its keys and values were made by the old weights), go on."""
+        from agent.engines.vllm_transfer import TensorsSource, trainer_init_info
+
+        weights = [(name, t.detach()) for name, t in named_tensors]
+        names = {n for n, _ in weights}
+        if self.tie_word_embeddings and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
+            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))  # vLLM keeps its own copy
+        t0 = time.monotonic()
+        if self._trainer is None:
+            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+            options = {"bucket_bytes": self.bucket_bytes} if self.transfer == "inline" else {}
+            if self.transfer == "nccl":
+                raise ValueError("weight_transfer nccl joins learner and engine GPUs in one NCCL group: "
+                                 "it is set up by runtime=ray, not by an engine in the learner's process")
+            self._source = TensorsSource()
+            self._trainer = WeightTransferTrainerFactory.trainer_init(
+                trainer_init_info(self.transfer, rank=0, **options), client=_SyncClient(self), source=self._source)
+        self._source.update(weights)
+        self._call(self.llm.pause_generation(mode=SYNC_MODES[self.sync_mode], clear_cache=True))
+        try:
+            self._trainer.send_weights()
+            self._call(self.llm.update_weight_version(str(version)))
+        finally:
+            self._call(self.llm.resume_generation())
+        self.version = version
+        self.last_sync = {"engine/sync_s": time.monotonic() - t0, "engine/sync_bytes": float(self._source.nbytes)}
+
+    def sleep(self) -> None:
+        """Free the GPU for the learner's step (colocated): weights offloaded, KV cache dropped."""
+        if self.sleep_during_step:
+            self._call(self.llm.sleep(level=1, mode="keep"))
+
+    def wake_up(self) -> None:
+        if self.sleep_during_step:
+            self._call(self.llm.wake_up())
+
+    def metrics(self) -> dict[str, float]:
+        return {"engine/requests": float(self.requests), "engine/running": float(self.outstanding), **self.last_sync}
+
+    def close(self) -> None:
+        """Stop the engine core and the loop, now: left to vLLM's `__del__` at interpreter exit,
+        its shutdown runs with the modules half gone and fails noisily."""
+        if getattr(self, "llm", None) is None:
+            return
+        llm, self.llm = self.llm, None
+        self._call(self._shutdown(llm))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+        # it is shut down: the object may outlive this (vLLM's own registries hold it), and its
+        # __del__ would shut it down again at interpreter exit, when its module globals are gone
+        llm.shutdown = lambda *args, **kwargs: None
+
+    @staticmethod
+    async def _shutdown(llm) -> None:
+        llm.shutdown()
+        handler = getattr(llm, "output_handler", None)
+        if handler is not None:  # let its cancellation run, so nothing on the loop holds the engine
+            await asyncio.gather(handler, return_exceptions=True)
+
+
+class _SyncClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over this engine, for its trainer-side transfer
+    engines (they call these from the syncing thread; each runs on the engine's loop)."""
+
+    def __init__(self, engine: AsyncVLLMEngine):
+        self.engine = engine
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self.engine._call(self.engine.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)))
+
+    def start_weight_update(self) -> None:
+        self.engine._call(self.engine.llm.start_weight_update())
+
+    def update_weights(self, update_info) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self.engine._call(self.engine.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.engine._call(self.engine.llm.finish_weight_update(weight_version))
