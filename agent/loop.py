@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.chat import ChatRenderer
-from agent.engines.base import Engine, SamplingParams
+from agent.engines.base import Engine, SamplingParams, session
 from agent.tools import DEFAULT_TOOLS, ToolBox
 from agent.trajectory import Trajectory
 from envs.base import Env, Task
@@ -58,7 +58,12 @@ class Agent:
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
     def run(self, task: Task, env: Env, sandbox: Sandbox, seed: int | None = None) -> Trajectory:
-        """One rollout of `task` in `sandbox` (already created; the caller closes it)."""
+        """One rollout of `task` in `sandbox` (already created; the caller closes it). Its turns
+        are one engine session: a router keeps them on one replica (its prefix cache)."""
+        with session():
+            return self._run(task, env, sandbox, seed)
+
+    def _run(self, task: Task, env: Env, sandbox: Sandbox, seed: int | None) -> Trajectory:
         cfg = self.config
         start = clock()
         timings = {"generate": 0.0, "tools": 0.0}

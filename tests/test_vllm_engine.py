@@ -149,6 +149,19 @@ def test_a_short_request_is_not_held_back_by_a_long_one(async_engine):
     assert async_engine.batch_size_mean > 1
 
 
+def test_a_long_seeded_prompt_joining_a_running_batch(async_engine):
+    """On vLLM's CPU backend a seeded prompt prefilled in chunks beside running requests
+    killed the engine ("CPU Generator does not use offset"); the engine prefills whole there."""
+    box = {}
+    t = threading.Thread(target=lambda: box.update(c=async_engine.generate([5, 6, 7], SamplingParams(max_new_tokens=200, seed=1))))
+    t.start()
+    while async_engine.outstanding == 0:
+        time.sleep(0.01)
+    c = async_engine.generate([(7 * i) % 4000 + 10 for i in range(3000)], SamplingParams(max_new_tokens=8, seed=2))
+    t.join()
+    assert len(c.token_ids) == 8 and len(box["c"].token_ids) == 200
+
+
 @pytest.mark.parametrize("mode", ["continue", "finish"])
 def test_a_sync_in_mid_request_labels_each_token_with_its_version(async_engine, tiny, mode):
     """continue: the request pauses and goes on under the new weights, its tokens split

@@ -99,8 +99,13 @@ def check(cfg: DictConfig) -> None:
     if algo.get("eps_low") is not None and algo.eps_low > 1:
         _fail("algo.eps_low", algo.eps_low, "must be at most 1 (the band's low edge is 1 - eps_low)")
     _check_learner(cfg.learner)
-    if cfg.engine.kind not in ("auto", "hf", "vllm"):
-        _fail("engine.kind", cfg.engine.kind, "must be auto, hf or vllm")
+    if cfg.engine.kind not in ("auto", "hf", "vllm", "vllm_batch"):
+        _fail("engine.kind", cfg.engine.kind, "must be auto, hf, vllm or vllm_batch")
+    _at_least(cfg.engine, "engine", ("replicas",), 1)
+    sync_mode = (cfg.engine.get("options") or {}).get("sync_mode")
+    if sync_mode is not None and sync_mode not in ("continue", "finish"):
+        _fail("engine.options.sync_mode", sync_mode, "must be 'continue' (in-flight requests go on under the new "
+              "weights) or 'finish' (they end under the old ones)")
     path = cfg.model.path
     if path is not None and not Path(str(path)).exists() and not is_hub_name(str(path)):
         _fail("model.path", path, "no such directory (and not a hub name like owner/model)")

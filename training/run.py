@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import AutoTokenizer
 
 from agent.engines import make_engine
+from agent.engines.router import EngineRouter
 from agent.engines.shared import shareable
 from agent.loop import Agent, AgentConfig
 from envs.base import make_env
@@ -101,6 +102,20 @@ def engine_choice(engine_cfg: DictConfig) -> tuple[str, dict]:
     return kind, OmegaConf.to_container(options)
 
 
+def build_engine(engine_cfg: DictConfig, model_path: str):
+    """The engine the rollouts call: one, or `engine.replicas` behind a router (each rebuilt
+    from the same options if it dies)."""
+    kind, options = engine_choice(engine_cfg)
+    replicas = engine_cfg.get("replicas", 1)
+    console.print(f"engine: {kind}" + (" (auto)" if engine_cfg.kind == "auto" else "")
+                  + (f", {replicas} replicas" if replicas > 1 else ""))
+
+    def one(_index: int = 0):
+        return shareable(make_engine(kind, model_path, **options))
+
+    return one() if replicas == 1 else EngineRouter([one(i) for i in range(replicas)], restart=one)
+
+
 STEP_LINE = (("reward", "reward/mean", ".3f"), ("masked low", "sao/mask_frac_low", ".3f"),
              ("masked high", "sao/mask_frac_high", ".3f"), ("clipfrac", "ppo/clipfrac", ".3f"),
              ("explained_var", "value/explained_var", ".2f"), ("staleness", "staleness/mean", ".2f"),
@@ -149,9 +164,7 @@ def main(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine_kind, engine_options = engine_choice(cfg.engine)
-    console.print(f"engine: {engine_kind}" + (" (auto)" if cfg.engine.kind == "auto" else ""))
-    engine = shareable(make_engine(engine_kind, model_path, **engine_options))
+    engine = build_engine(cfg.engine, model_path)
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
                        max_live=cfg.trainer.num_workers + 1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
@@ -35,3 +38,22 @@ class Engine(Protocol):
     def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+
+# The rollout a request belongs to, for engines that route (agent.engines.router): the agent
+# opens one session per rollout, and every turn of it is sent within that session.
+_SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("engine_session", default=None)
+
+
+def current_session() -> str | None:
+    return _SESSION.get()
+
+
+@contextlib.contextmanager
+def session(key: str | None = None):
+    """Within this block, this thread's requests belong to one rollout (a fresh key if none)."""
+    token = _SESSION.set(key or uuid.uuid4().hex)
+    try:
+        yield _SESSION.get()
+    finally:
+        _SESSION.reset(token)

@@ -50,6 +50,20 @@ def _quiet_known_noise() -> None:
             logger.addFilter(_DropKnownNoise(text))
 
 
+def cpu_workarounds(engine_kwargs: dict, max_model_len: int) -> dict:
+    """vLLM's CPU backend crashes its engine when a seeded request's prompt is prefilled in
+    chunks (it rewinds the sampler's generator by an offset, which CPU generators lack:
+    "CPU Generator does not use offset"); a continuous batch chunks a new prompt whenever the
+    running ones leave too little of the step's token budget. On CPU, prompts are prefilled
+    whole unless asked otherwise."""
+    import torch
+
+    if not torch.cuda.is_available():
+        engine_kwargs.setdefault("enable_chunked_prefill", False)
+        engine_kwargs.setdefault("max_num_batched_tokens", max_model_len)
+    return engine_kwargs
+
+
 def vllm_available() -> bool:
     try:
         import vllm  # noqa: F401
@@ -72,7 +86,7 @@ class VLLMEngine:
         self.llm = LLM(
             model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
-            enforce_eager=engine_kwargs.pop("enforce_eager", True), **engine_kwargs,
+            enforce_eager=engine_kwargs.pop("enforce_eager", True), **cpu_workarounds(engine_kwargs, max_model_len),
         )
         self.tie_word_embeddings = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                                 "tie_word_embeddings", False))

@@ -56,9 +56,10 @@ class AsyncVLLMEngine:
             raise ValueError("engine.options.sleep_during_step needs GPUs (vLLM's sleep mode frees GPU memory); "
                              "on CPU leave it false")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
-        from agent.engines.vllm import _quiet_known_noise
+        from agent.engines.vllm import _quiet_known_noise, cpu_workarounds
 
         _quiet_known_noise()
+        cpu_workarounds(engine_kwargs, max_model_len)
         from agent.engines.vllm_transfer import register
 
         register()

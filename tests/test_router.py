@@ -1,0 +1,109 @@
+"""The engine router: least outstanding requests, a rollout's turns on one replica, and a
+replica that dies set aside, its request served elsewhere, and the replica rebuilt with the
+latest weights. Engines here are stand-ins that block until told (unit test)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from agent.engines.base import Completion, SamplingParams, session
+from agent.engines.router import Balancer, EngineRouter, NoReplicaLeft
+
+
+class EngineDeadError(RuntimeError):
+    """Named as vLLM's is: the router knows a dead engine by its error's name."""
+
+
+class Replica:
+    def __init__(self, name, die=False):
+        self.name, self.version, self.die, self.calls, self.weights = name, 0, die, 0, None
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def generate(self, prompt_ids, sampling):
+        self.calls += 1
+        if self.die:
+            raise EngineDeadError(f"{self.name} is gone")
+        self.gate.wait(10)
+        return Completion([len(prompt_ids)], [-0.5], "length")
+
+    def update_weights(self, named_tensors, version):
+        self.weights, self.version = list(named_tensors), version
+
+
+def test_balancer_least_outstanding_then_sticky():
+    b = Balancer(3)
+    first = [b.pick(f"s{i}") for i in range(3)]
+    assert sorted(first) == [0, 1, 2]  # one each while all are busy
+    b.done(first[1])
+    assert b.pick("s9") == first[1]  # the least loaded
+    assert b.pick("s0") == first[0] and b.sticky_hits == 1  # a session's next turn stays
+    b.down(first[0])
+    assert b.pick("s0") != first[0]  # unless its replica is down
+
+
+def test_concurrent_rollouts_spread_over_replicas():
+    replicas = [Replica("a"), Replica("b")]
+    for r in replicas:
+        r.gate.clear()
+    router = EngineRouter(replicas)
+
+    def rollout(i):
+        with session(f"rollout-{i}"):
+            router.generate([1, 2, 3], SamplingParams())
+
+    threads = [threading.Thread(target=rollout, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while sum(router.balancer.outstanding) < 4:
+        time.sleep(0.01)
+    assert router.balancer.outstanding == [2, 2]
+    for r in replicas:
+        r.gate.set()
+    for t in threads:
+        t.join()
+    m = router.metrics()
+    assert m["engine/replica0/requests"] == m["engine/replica1/requests"] == 2
+
+
+def test_a_dead_replica_is_replaced_and_its_request_served_elsewhere():
+    dead, live = Replica("dead", die=True), Replica("live")
+    rebuilt, may_restart = [], threading.Event()
+
+    def restart(i):
+        may_restart.wait(10)  # not before the retried request is served (else it could go to the new one)
+        rebuilt.append(Replica(f"new{i}"))
+        return rebuilt[-1]
+
+    router = EngineRouter([dead, live], restart=restart)
+    router.update_weights([("w", torch.ones(2))], version=4)
+    with session("r1"):
+        c = router.generate([1, 2], SamplingParams())  # first to the dead one (ties go low), then retried
+    assert c.token_ids == [2] and dead.calls == 1 and live.calls == 1 and router.retried == 1
+    may_restart.set()
+    for _ in range(500):
+        if router.restarts:
+            break
+        time.sleep(0.01)
+    assert router.restarts == 1 and router.replicas[0] is rebuilt[0]
+    assert rebuilt[0].version == 4 and rebuilt[0].weights[0][0] == "w"  # the latest weights, not the first
+    assert router.version == 4 and router.metrics()["engine/replicas_alive"] == 2
+
+
+def test_no_replica_left_is_an_error_not_a_hang():
+    router = EngineRouter([Replica("x", die=True)], restart=None)
+    with pytest.raises(NoReplicaLeft):
+        router.generate([1], SamplingParams())
+
+
+def test_an_ordinary_error_is_the_caller_s():
+    class Broken(Replica):
+        def generate(self, prompt_ids, sampling):
+            raise ValueError("prompt too long")
+
+    router = EngineRouter([Broken("b"), Replica("ok")])
+    with pytest.raises(ValueError, match="too long"):
+        router.generate([1], SamplingParams())
+    assert all(router.balancer.alive)
