@@ -43,14 +43,15 @@ def tokens_per_s(engine, threads: int, requests: int, tokens: int, max_batch: in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.engine_batching", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", default="vllm")
+    p.add_argument("--engine", default="vllm_batch", help="an engine with generate_batch: vllm_batch (vLLM's blocking "
+                   "LLM.generate); the async engine (vllm) batches by itself: benchmarks/engine_continuous.py")
     p.add_argument("--model", default=None, help="default: the tiny model")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
     args = p.parse_args(argv)
     model = args.model or str(build_tiny_model(DEFAULT_DIR))
-    options = {"max_model_len": 4096} if args.engine == "vllm" else {}
+    options = {"max_model_len": 4096} if args.engine.startswith("vllm") else {}
     engine = make_engine(args.engine, model, **options)
     tokens_per_s(engine, 1, 1, 8, 1)  # warm-up
     table = Table(title=f"{args.engine} engine, tiny model: {args.requests} requests x {args.tokens} tokens per thread")

@@ -44,3 +44,19 @@ def test_learner_step_benchmark_runs_both_learners():
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(result["seconds"]) == {"torch", "megatron"} and result["ratio_megatron_torch"] > 0
+
+
+def test_engine_continuous_benchmark_runs_both_engines(tmp_path):
+    from agent.engines.vllm import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm]')")
+    out = tmp_path / "engine_continuous.json"
+    r = run("benchmarks.engine_continuous", "--quick", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["engines"]) == {"async", "blocking"}
+    for engine in result["engines"].values():
+        assert engine["tokens"] > 0 and engine["tokens_per_s"] > 0
+        assert 0 < engine["p50_turn_s"] <= engine["p95_turn_s"]
+    assert "async / blocking" in r.stdout
