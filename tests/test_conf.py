@@ -73,7 +73,8 @@ def test_unknown_env_is_a_clear_error():
 
 
 @pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("+sources.0.env_options={switch_every: 64}",), ("+experiment=swe_verified",), ("+debug=tiny",),
-                                       ("+debug=learn",), ("trainer.mode=sync", "engine=hf"), ("learner=megatron",)])
+                                       ("+debug=learn",), ("trainer.mode=sync", "engine=hf"), ("learner=megatron",),
+                                       ("runtime=ray", "engine.replicas=2"), ("engine=vllm", "engine.options.sync_mode=finish")])
 def test_shipped_configs_pass_the_checks(overrides):
     check(composed(*overrides))
 
@@ -98,6 +99,10 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["agent.top_p=0.9"], "agent.top_p = 0.9: must be 1 for training"),
     (["+sources.1.agent.temperature=0.7"], "sources[1].agent.temperature = 0.7: must equal agent.temperature (1.0)"),
     (["algo=grpo", "algo.policy_minibatches=0"], "algo.policy_minibatches = 0"),
+    (["runtime=slurm"], "runtime = 'slurm'"),
+    (["engine.replicas=0"], "engine.replicas = 0"),
+    (["runtime=ray", "ray.rollout_actors=0"], "ray.rollout_actors = 0"),
+    (["engine=vllm", "engine.options.sync_mode=later"], "engine.options.sync_mode = 'later'"),
 ])
 def test_bad_values_are_named_with_field_and_value(overrides, named):
     with pytest.raises(ConfigError) as e:

@@ -45,17 +45,20 @@ class Checkpoints:
 
 
 class MetricsLog:
-    """metrics.jsonl plus TensorBoard; on resume, lines past the checkpoint's step are cut
-    so a step is never logged twice."""
+    """metrics.jsonl plus TensorBoard, and rollouts.jsonl (each trained rollout: step, key,
+    source, task, reward, exit); on resume, lines past the checkpoint's step are cut so a step
+    is never logged twice."""
 
     def __init__(self, output_dir: str | Path, resume_step: int = 0):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        self.rollouts_path = self.dir / "rollouts.jsonl"
+        for path in (self.path, self.rollouts_path):
+            if path.exists():
+                kept = [line for line in path.read_text().splitlines()
+                        if line.strip() and json.loads(line)["step"] <= resume_step]
+                path.write_text("".join(line + "\n" for line in kept))
         self._writer = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -74,6 +77,12 @@ class MetricsLog:
                 if v is not None:
                     self._writer.add_scalar(k, v, step)
             self._writer.flush()
+
+    def log_rollouts(self, step: int, batch) -> None:
+        with self.rollouts_path.open("a") as f:
+            for t in batch:
+                f.write(json.dumps({"step": step, "key": t.info.get("rollout_key"), "source": t.info.get("source"),
+                                    "instance_id": t.instance_id, "reward": t.reward, "exit": t.exit_reason}) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]

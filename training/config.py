@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from pathlib import Path
 from typing import NoReturn
 
@@ -99,6 +100,14 @@ def check(cfg: DictConfig) -> None:
     if algo.get("eps_low") is not None and algo.eps_low > 1:
         _fail("algo.eps_low", algo.eps_low, "must be at most 1 (the band's low edge is 1 - eps_low)")
     _check_learner(cfg.learner)
+    runtime = cfg.get("runtime", "local")
+    if runtime not in ("local", "ray"):
+        _fail("runtime", runtime, "must be 'local' (this process) or 'ray' (actors on a Ray cluster)")
+    if runtime == "ray":
+        _at_least(cfg.ray, "ray", ("learner_ranks", "rollout_actors"), 1)
+        _at_least(cfg.ray, "ray", ("rollout_actor_cpus",), 0)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            _fail("runtime", runtime, "places the learner ranks itself (ray.learner_ranks): run it with python, not torchrun")
     if cfg.engine.kind not in ("auto", "hf", "vllm", "vllm_batch"):
         _fail("engine.kind", cfg.engine.kind, "must be auto, hf, vllm or vllm_batch")
     _at_least(cfg.engine, "engine", ("replicas",), 1)

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from agent.loop import Agent
 from agent.rollout import rollout_and_grade
@@ -71,11 +71,20 @@ class TaskSampler:
     def done(self, key: int) -> None:
         self.in_flight.discard(key)
 
+    def again(self, key: int) -> None:
+        """A rollout that was lost, not failed (its worker died): its key is drawn again next."""
+        self.in_flight.discard(key)
+        self.redo.append(key)
+
     def state_dict(self) -> dict[str, Any]:
         return {"drawn": self.drawn, "redo": sorted(self.redo + list(self.in_flight))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.drawn, self.redo, self.in_flight = state["drawn"], list(state["redo"]), set()
+
+
+class RolloutLost(RuntimeError):
+    """The worker running a rollout died (runtime=ray: its actor); the task is drawn again."""
 
 
 class RolloutsFailing(RuntimeError):
@@ -102,7 +111,10 @@ class RunConfig:
 class Orchestrator:
     def __init__(self, cfg: RunConfig, sampler: TaskSampler, pool: SandboxPool, engine, learner,
                  on_step: Callable[[int, dict, list[Trajectory]], None], start_step: int = 0,
-                 stream: RolloutStream | None = None):
+                 stream: RolloutStream | None = None,
+                 rollout: Callable[[Source, Task, int], Awaitable[Trajectory]] | None = None):
+        """`rollout(source, task, seed)`: where a rollout runs; by default a thread of this
+        process, on its Docker engine (runtime=ray passes rollout actors on the cluster's nodes)."""
         if cfg.batch_size % cfg.group_size:
             raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of group_size {cfg.group_size}")
         in_flight = cfg.max_in_flight or cfg.batch_size + cfg.num_workers * cfg.group_size
@@ -112,7 +124,9 @@ class Orchestrator:
         self.stream = stream or RolloutStream(cfg.max_staleness, cfg.stale_policy, in_flight)
         self.on_step = on_step
         self.step = start_step
+        self.rollout = rollout or self._rollout_here
         self.rollout_errors = 0
+        self.rollouts_lost = 0
         self._failed_in_a_row = 0
         self._wait_s = 0.0
         self._start = 0.0
@@ -177,11 +191,20 @@ class Orchestrator:
             for g in range(self.cfg.group_size):
                 seed = (self.cfg.seed * 1_000_003 + key) * 97 + g
                 async with slots or contextlib.nullcontext():
-                    traj = await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
+                    traj = await self.rollout(source, task, seed)
                 if traj.exit_reason == "sandbox_error":  # the container failed, not the policy: no reward to learn
                     raise RuntimeError(f"sandbox error: {traj.info.get('error', 'the sandbox failed')}")
                 traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
                 group.append(traj)
+        except RolloutLost as e:  # its worker died: nothing was learnt of the task, so it is drawn again
+            self.rollouts_lost += 1
+            self._failed_in_a_row += 1  # workers that never come back stop the run as failures do
+            log.warning("rollout of %s lost (%s); it will be drawn again", task.instance_id, e)
+            self.sampler.again(key)
+            if self._failed_in_a_row >= self.cfg.max_failed_in_a_row:
+                raise RolloutsFailing(f"{self._failed_in_a_row} rollouts in a row failed or were lost "
+                                      f"(trainer.max_failed_in_a_row); the last: {e}") from e
+            return None
         except Exception as e:  # an infrastructure fault: counted, logged, the run goes on
             self.rollout_errors += 1
             self._failed_in_a_row += 1
@@ -194,6 +217,9 @@ class Orchestrator:
         self._failed_in_a_row = 0
         self.sampler.done(key)
         return group
+
+    async def _rollout_here(self, source: Source, task: Task, seed: int) -> Trajectory:
+        return await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
 
     async def _learn(self, batch: list[Trajectory]) -> None:
         version_before = self.learner.version
@@ -221,6 +247,7 @@ class Orchestrator:
             "time/learner_step_s": learn_s,
             "time/elapsed_s": elapsed,
             "rollout/errors": float(self.rollout_errors),
+            "rollout/lost": float(self.rollouts_lost),
             "rollout/turns_mean": sum(t.turns for t in batch) / len(batch),
             "engine/version": float(self.engine.version),
             "engine/batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0),  # requests decoded together

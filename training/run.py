@@ -83,10 +83,15 @@ def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:
     return Agent(engine, tokenizer, AgentConfig(**fields))
 
 
-def make_source(spec: DictConfig, engine, tokenizer, cfg: DictConfig) -> Source:
+def make_source_env(spec: DictConfig):
+    """A source's env: conf/env/<env>.yaml, with the source's env_options over it."""
     env_cfg = OmegaConf.merge(OmegaConf.load(CONF / "env" / f"{spec.env}.yaml"), spec.get("env_options") or {})
-    env_cfg.pop("_target_", None)  # a source's env_options override the env's own conf/env/<env>.yaml
-    return Source(spec.get("name", spec.env), make_env(spec.env, **env_cfg), list(instantiate(spec.tasks)),
+    env_cfg.pop("_target_", None)
+    return make_env(spec.env, **env_cfg)
+
+
+def make_source(spec: DictConfig, engine, tokenizer, cfg: DictConfig) -> Source:
+    return Source(spec.get("name", spec.env), make_source_env(spec), list(instantiate(spec.tasks)),
                   make_agent(engine, tokenizer, cfg, spec.get("agent")), spec.get("weight", 1))
 
 
@@ -137,6 +142,8 @@ def main(cfg: DictConfig) -> None:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         sys.exit(2)
     transformers.utils.logging.disable_progress_bar()  # shard-writing bars would break up the run's own
+    if cfg.runtime == "ray":
+        return run_on_ray(cfg)
     rank = distributed.init_from_env()  # one process, or a rank under torchrun
     out = Path(cfg.output_dir)
     model_path = prepare_model(cfg.model) if rank.is_main else None
@@ -162,15 +169,35 @@ def main(cfg: DictConfig) -> None:
             learner.close()
 
 
-def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
+def run_on_ray(cfg: DictConfig) -> None:
+    """runtime=ray: engines, learner ranks and rollout workers as actors on the cluster
+    (training/ray_runtime.py); this process runs the same loop over them."""
+    from training.ray_runtime import Cluster, ClusterError
+
+    model_path = prepare_model(cfg.model)
+    try:
+        cluster = Cluster(cfg, model_path, console)
+    except (LayoutError, ClusterError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        sys.exit(2)
+    try:
+        learner = cluster.learner
+        console.print(f"learner: {cfg.ray.learner_ranks} rank(s)" + (f", {learner.layout_summary}" if learner.layout_summary else ""))
+        run(cfg, Path(cfg.output_dir), model_path, learner, engine=cluster.engine, rollout=cluster.rollout)
+    finally:
+        cluster.shutdown()
+
+
+def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollout=None) -> None:
+    """The run's story (module docstring); `engine` and `rollout` are given under runtime=ray."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = build_engine(cfg.engine, model_path)
+    engine = engine or build_engine(cfg.engine, model_path)
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
                        max_live=cfg.trainer.num_workers + 1)
     run_cfg = RunConfig(**cfg.trainer)
     checkpoints = Checkpoints(out)
-    orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None)
+    orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None, rollout=rollout)
     latest = checkpoints.latest() if cfg.resume else None
     if latest is not None:
         try:
@@ -203,6 +230,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner) -> None:
 
         def on_step(step: int, metrics: dict, batch) -> None:
             metrics_log.log(step, metrics)
+            metrics_log.log_rollouts(step, batch)
             progress.update(bar, completed=step, reward=metrics["reward/mean"], stale=metrics["staleness/mean"])
             if not console.is_terminal:  # a log file gets no live bar: one line a step instead
                 console.print(step_line(step, run_cfg.max_steps, metrics))

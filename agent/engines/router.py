@@ -130,8 +130,11 @@ class EngineRouter:
     def _revive(self, i: int) -> None:
         try:
             replica = self.restart(i)
-            if self._latest is not None:  # the weights the others serve, not the starting ones
-                replica.update_weights(*self._latest)
+            while self._latest is not None:  # the weights the others serve; again if a sync passed meanwhile
+                tensors, version = self._latest
+                replica.update_weights(tensors, version)
+                if self._latest[1] == version:
+                    break
         except Exception as e:
             log.error("engine replica %d could not be restarted: %s", i, e)
             return

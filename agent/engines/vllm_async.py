@@ -16,6 +16,7 @@ and so does the trajectory); with `sync_mode=finish` they finish under the old w
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import os
 import threading
@@ -110,6 +111,11 @@ class AsyncVLLMEngine:
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         return self._call(self.agenerate(prompt_ids, sampling))
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams) -> concurrent.futures.Future:
+        """The request started on the engine's loop; another event loop awaits it with
+        `asyncio.wrap_future` (a Ray actor's, say)."""
+        return asyncio.run_coroutine_threadsafe(self.agenerate(prompt_ids, sampling), self._loop)
 
     async def agenerate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         from vllm import SamplingParams as VSamplingParams

@@ -1,0 +1,111 @@
+"""runtime=ray on a Ray cluster the test starts on 127.0.0.1 (a head and a second node process):
+two vLLM CPU engine replicas behind the router, the torch learner on two ranks, four rollout
+workers; an engine replica and a rollout worker killed mid-run. The run finishes; both replicas
+served; the engines' logprobs on freshly sampled tokens match the learner's after every sync;
+no rollout is trained twice or lost to the kills; no container is left."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RUN_ID
+
+pytest.importorskip("ray", reason="runtime=ray needs Ray: pip install -e '.[ray]'")
+from agent.engines.vllm import vllm_available  # noqa: E402
+
+pytestmark = [pytest.mark.docker,
+              pytest.mark.skipif(not vllm_available(), reason="the engine replicas are vLLM (pip install -e '.[vllm]')")]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and a second node, both on 127.0.0.1, under a token of their own: a token file a
+    local Ray instance left in ~/.ray would otherwise turn on authentication for the head only."""
+    import os
+    import secrets
+
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))  # the run inherits them
+    port = free_port()
+    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "8", "--disable-usage-stats"]
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    def ray_cli(*args):
+        r = subprocess.run([ray_bin, *args, *common], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    try:
+        ray_cli("start", "--head", "--port", str(port), "--include-dashboard", "false")
+        ray_cli("start", "--address", f"127.0.0.1:{port}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path, docker_client, cluster):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.run", "+debug=tiny", "runtime=ray", f"ray.address={cluster}",
+           "ray.node_ip_address=127.0.0.1", "engine=vllm", "engine.replicas=2", "ray.learner_ranks=2",
+           "ray.rollout_actors=4", "trainer.num_workers=4", "trainer.batch_size=8", "trainer.max_steps=40",
+           "trainer.checkpoint_every=10", "model.algo_overrides.critic_warmup_steps=0", f"output_dir={out}",
+           f"run_id={RUN_ID}"]
+    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while len(rows(out)) < 2 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        assert run.poll() is None, run.stderr.read()[-4000:]
+        # from a process of its own: this one imported Ray before the cluster's token was set
+        kill = ("import ray; ray.init(address=%r, namespace=%r, _node_ip_address='127.0.0.1'); "
+                "ray.kill(ray.get_actor('engine-0'), no_restart=False); "  # Ray restarts it; its requests go elsewhere
+                "ray.kill(ray.get_actor('rollouts-1'), no_restart=False)"  # its rollouts are drawn again
+                ) % (cluster, f"sao-{RUN_ID}")
+        killed = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=120)
+        assert killed.returncode == 0, killed.stderr[-3000:]
+        _, err = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-4000:]
+    assert "ray: 2 node(s)" in err and "rollout workers on 2 node(s)" in err
+    metrics = rows(out)
+    last = metrics[-1]
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    # both replicas served, one was restarted (50 to 120 s on this machine, loaded: the run lasts longer) and
+    # given the weights the other serves
+    assert last["engine/replica0/requests"] > 0 and last["engine/replica1/requests"] > 0
+    assert last["engine/restarts"] >= 1 and last["engine/replicas_alive"] == 2
+    assert last["engine/version"] == last["learner/version"] >= 10
+    # the killed worker's rollouts were lost, not failed, and drawn again; the engine's
+    # requests in flight were retried on the other replica: no rollout failed
+    assert last["rollout/lost"] >= 1 and last["rollout/errors"] == 0
+    trained = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    keys = [t["key"] for t in trained]
+    assert len(keys) == len(set(keys)) == 40 * 8
+    # engine and learner agree on tokens the current weights sampled (fp32 on both sides)
+    fresh = [m["sao/logprob_mismatch_fresh"] for m in metrics if m.get("sao/logprob_mismatch_fresh") is not None]
+    assert len(fresh) >= 10 and max(fresh) < 1e-4
+    assert all(m["learner/replica_spread"] == 0 for m in metrics)  # the two learner ranks stay identical
+    left = docker_client.containers.list(all=True, filters={"label": "sao.sandbox=1"})
+    assert not [c for c in left if (c.labels.get("sao.run_id") or "").startswith(RUN_ID)]

@@ -1,0 +1,525 @@
+"""runtime=ray: the same run spread over a Ray cluster.
+
+    ray start --head                        # on the first machine
+    ray start --address=HEAD_IP:6379        # on every other machine
+    python -m training.run runtime=ray ray.address=auto engine.replicas=2 ...
+
+What goes where (each a Ray actor, placed by placement groups):
+- **engine replicas** (`engine.replicas`), each vLLM's async engine with its own tensor-parallel
+  size (`engine.options.tensor_parallel_size`) on GPUs of its own, behind one **router** actor
+  (agent/engines/router.py's Balancer: least outstanding requests, a rollout's turns on one
+  replica). A replica whose actor dies is restarted by Ray, given the latest weights by the
+  router, and its requests in flight are retried on another replica.
+- **learner ranks** (`ray.learner_ranks`): one actor each, joined in one torch.distributed
+  group (NCCL on GPUs, gloo on CPU); every rank gets each step's batch and takes its share
+  (data parallel, or the Megatron learner's layout). Weights for the engines leave rank 0 (all
+  ranks gather them for Megatron) by Ray's object store, not through this process.
+- **rollout workers** (`ray.rollout_actors`), spread over the nodes: each runs the agent loop
+  in threads and makes its sandboxes on its own node's Docker engine (or the host of
+  `ray.docker_hosts`, in turn). One that dies loses no task: the driver draws it again.
+This process (the driver) keeps the stream, the learner loop and the checkpoints, as in
+runtime=local: `training.run` runs the same orchestrator with these actors in place of threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import ray
+from omegaconf import DictConfig, OmegaConf
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from agent.engines.base import Completion, SamplingParams, current_session
+from agent.engines.router import Balancer, NoReplicaLeft, is_dead_engine
+from training.orchestrator import RolloutLost
+
+log = logging.getLogger(__name__)
+READY_TIMEOUT_S = 900  # model loading on a cold node can take minutes
+
+
+class ClusterError(ValueError):
+    """A setting the cluster cannot run (said with the field and the value)."""
+
+
+def _gpu() -> bool:
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def _node_address() -> str:
+    """This actor's node as the cluster knows it (`ray start --node-ip-address`), not whatever
+    address the machine would pick for itself."""
+    node_id = ray.get_runtime_context().get_node_id()
+    return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
+
+
+# ---- engines ----
+
+class EngineActor:
+    """One engine replica (vLLM's async engine; another kind behind a SharedEngine)."""
+
+    def __init__(self, kind: str, model_path: str, options: dict):
+        from agent.engines import make_engine
+        from agent.engines.shared import shareable
+
+        self.engine = shareable(make_engine(kind, model_path, **options))
+
+    async def ready(self) -> int:
+        return self.engine.version
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        if hasattr(self.engine, "submit"):
+            return await asyncio.wrap_future(self.engine.submit(prompt_ids, sampling))
+        return await asyncio.to_thread(self.engine.generate, prompt_ids, sampling)
+
+    async def update_weights(self, weights: list, version: int) -> dict:
+        await asyncio.to_thread(self.engine.update_weights, weights, version)
+        return dict(getattr(self.engine, "last_sync", {}))
+
+    async def stats(self) -> dict:
+        return {"version": self.engine.version, "busy_s": getattr(self.engine, "busy_s", 0.0),
+                "batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0)}
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+
+
+class RouterActor:
+    """The replicas' front: picks one per request (Balancer), retries a request whose replica
+    died on another, brings a restarted replica the latest weights before it serves again."""
+
+    def __init__(self, engines: list):
+        self.engines = engines
+        self.balancer = Balancer(len(engines))
+        self.latest: tuple[list, int] | None = None  # ([weights ref], version) for restarted replicas
+        self.version = 0
+        self.retried = 0
+        self.restarts = 0
+        self.last_sync: dict[str, float] = {}
+        self._revived = asyncio.Event()
+
+    async def generate(self, session: str | None, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            while not any(self.balancer.alive):
+                self._revived.clear()
+                try:
+                    await asyncio.wait_for(self._revived.wait(), timeout=max(1.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    raise NoReplicaLeft("every engine replica died and none came back") from None
+            i = self.balancer.pick(session)
+            try:
+                return await self.engines[i].generate.remote(prompt_ids, sampling)
+            except Exception as e:
+                if not is_dead_engine(e):
+                    raise
+                self._died(i, e)
+                self.retried += 1
+            finally:
+                self.balancer.done(i)
+
+    def _died(self, i: int, error: BaseException) -> None:
+        if self.balancer.alive[i]:
+            self.balancer.down(i)
+            log.warning("engine replica %d died (%s); Ray restarts it", i, type(error).__name__)
+            asyncio.get_running_loop().create_task(self._revive(i))
+
+    async def _revive(self, i: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                await self.engines[i].ready.remote()
+                while self.latest is not None:  # again if a sync passed it by meanwhile
+                    box, version = self.latest
+                    await self.engines[i].update_weights.remote(box[0], version)
+                    if self.latest[1] == version:
+                        break
+                break
+            except Exception:  # still restarting
+                await asyncio.sleep(1.0)
+        else:
+            log.error("engine replica %d did not come back", i)
+            return
+        self.restarts += 1
+        self.balancer.up(i)
+        self._revived.set()
+
+    async def update_weights(self, box: list, version: int) -> None:
+        """`box`: [an object ref of the (name, tensor) list], so each replica fetches it itself."""
+        self.latest = (box, version)
+        t0 = time.monotonic()
+        live = [i for i, up in enumerate(self.balancer.alive) if up]
+        results = await asyncio.gather(*[self.engines[i].update_weights.remote(box[0], version) for i in live],
+                                       return_exceptions=True)
+        for i, r in zip(live, results):
+            if isinstance(r, BaseException):
+                if not is_dead_engine(r):
+                    raise r
+                self._died(i, r)  # it gets these weights when it is back
+        self.version = version
+        syncs = [r for r in results if isinstance(r, dict)]
+        self.last_sync = {"engine/sync_s": time.monotonic() - t0,
+                          "engine/sync_bytes": float(sum(s.get("engine/sync_bytes", 0.0) for s in syncs))}
+
+    async def get_version(self) -> int:
+        return self.version
+
+    async def metrics(self) -> dict[str, float]:
+        b = self.balancer
+        stats = await asyncio.gather(*[e.stats.remote() for i, e in enumerate(self.engines) if b.alive[i]],
+                                     return_exceptions=True)
+        stats = [s for s in stats if isinstance(s, dict)]
+        out = {"engine/replicas_alive": float(sum(b.alive)), "engine/restarts": float(self.restarts),
+               "engine/requests_retried": float(self.retried), "engine/requests": float(sum(b.served)),
+               "engine/busy_s": sum(s["busy_s"] for s in stats) / max(len(stats), 1),
+               "engine/batch_size_mean": sum(s["batch_size_mean"] for s in stats) / max(len(stats), 1),
+               **self.last_sync}
+        for i in range(len(self.engines)):
+            out[f"engine/replica{i}/requests"] = float(b.served[i])
+            out[f"engine/replica{i}/outstanding"] = float(b.outstanding[i])
+        return out
+
+
+class RayEngine:
+    """The engine protocol in the driver, over the router actor: what the orchestrator syncs,
+    what held-apart scoring samples from, what the metrics read."""
+
+    def __init__(self, router):
+        self.router = router
+        self._metrics: dict[str, float] = {}
+
+    @property
+    def version(self) -> int:
+        return ray.get(self.router.get_version.remote())
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        return ray.get(self.router.generate.remote(current_session(), prompt_ids, sampling))
+
+    def update_weights(self, weights, version: int) -> None:
+        ref = weights.ref if isinstance(weights, RayWeights) else ray.put([(n, t.detach().cpu()) for n, t in weights])
+        ray.get(self.router.update_weights.remote([ref], version))
+
+    def metrics(self) -> dict[str, float]:
+        self._metrics = ray.get(self.router.metrics.remote())
+        return {k: v for k, v in self._metrics.items() if k not in ("engine/busy_s", "engine/batch_size_mean")}
+
+    @property
+    def busy_s(self) -> float:
+        return ray.get(self.router.metrics.remote())["engine/busy_s"]
+
+    @property
+    def batch_size_mean(self) -> float:
+        return self._metrics.get("engine/batch_size_mean", 0.0)
+
+    def close(self) -> None:
+        """Nothing here: the cluster (`Cluster.shutdown`) closes the engines."""
+
+
+class RouterClient:
+    """The engine protocol inside a rollout actor: the agent's threads call the router."""
+
+    def __init__(self, router):
+        self.router = router
+
+    @property
+    def version(self) -> int:
+        return ray.get(self.router.get_version.remote())
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        return ray.get(self.router.generate.remote(current_session(), prompt_ids, sampling))
+
+
+# ---- learner ----
+
+class RayWeights:
+    """The learner's weights for the engines, held in Ray's object store (by rank 0)."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+
+class LearnerActor:
+    """One learner rank. `setup` joins the group and builds the learner, as a torchrun rank would."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self.learner = None
+
+    def address(self) -> tuple[str, int]:
+        host = _node_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        return host, port
+
+    def setup(self, cfg: dict, model_path: str, master: tuple[str, int]) -> str | None:
+        from hydra.utils import instantiate
+
+        from training import distributed
+        from training.run import make_algo
+
+        gpus = ray.get_gpu_ids()
+        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world), LOCAL_RANK="0" if gpus else str(self.rank))
+        distributed.init_from_env()
+        cfg = OmegaConf.create(cfg)
+        self.learner = instantiate(cfg.learner)(model_path=model_path, algo=make_algo(cfg),
+                                                sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
+        return getattr(self.learner, "layout_summary", None)
+
+    def step(self, batch, group_ids) -> dict:
+        from training.distributed import replica_spread
+
+        metrics = self.learner.step(batch, group_ids)
+        if self.world > 1 and not getattr(self.learner, "collective", False):
+            metrics["learner/replica_spread"] = replica_spread(self.learner)
+        return metrics
+
+    def version(self) -> int:
+        return self.learner.version
+
+    def weights(self) -> list | None:
+        tensors = [(n, t.detach().cpu()) for n, t in self.learner.state_dict_for_engine()]
+        return [ray.put(tensors)] if self.rank == 0 else None
+
+    def save(self, path: str) -> None:
+        self.learner.save(path)
+
+    def load(self, path: str) -> None:
+        self.learner.load(path)
+
+
+class RayLearnerGroup:
+    """The learner interface in the driver over the rank actors: a step goes to every rank
+    (each takes its rows); rank 0's metrics, version and weights stand for all."""
+
+    def __init__(self, actors: list, collective: bool, layout: str | None):
+        self.actors, self.collective, self.layout_summary = actors, collective, layout
+        self._version = ray.get(actors[0].version.remote())
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def step(self, trajectories, group_ids=None) -> dict:
+        batch = ray.put(trajectories)  # once, not once per rank
+        metrics = ray.get([a.step.remote(batch, group_ids) for a in self.actors])[0]
+        self._version = ray.get(self.actors[0].version.remote())
+        return metrics
+
+    def _rank0_or_all(self):
+        return self.actors if self.collective else self.actors[:1]
+
+    def state_dict_for_engine(self) -> RayWeights:
+        return RayWeights(ray.get([a.weights.remote() for a in self._rank0_or_all()])[0][0])
+
+    def save(self, path) -> None:
+        ray.get([a.save.remote(str(path)) for a in self._rank0_or_all()])
+
+    def load(self, path) -> None:
+        refs = [a.load.remote(str(path)) for a in self.actors]
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayTaskError as e:  # the learner's own error (a LayoutError, say), as itself
+            raise e.as_instanceof_cause() from None
+        self._version = ray.get(self.actors[0].version.remote())
+
+
+# ---- rollouts ----
+
+class RolloutActor:
+    """Rollouts on this node, one per thread of this (threaded) actor; sandboxes on this
+    node's Docker engine."""
+
+    def __init__(self, cfg: dict, model_path: str, router, index: int, slots: int):
+        from transformers import AutoTokenizer
+
+        from sandbox.base import Limits
+        from sandbox.pool import SandboxPool
+        from training.run import make_agent, make_source_env
+
+        cfg = OmegaConf.create(cfg)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        engine = RouterClient(router)
+        self.sources = {spec.get("name", spec.env): (make_source_env(spec), make_agent(engine, tokenizer, cfg, spec.get("agent")))
+                        for spec in cfg.sources}
+        limits = Limits(**{k: v for k, v in OmegaConf.to_container(cfg.sandbox).items() if k != "_target_"}) \
+            if "_target_" in cfg.sandbox else Limits()
+        # a run id of its own: closing one worker's pool sweeps its containers, not the others'
+        self.pool = SandboxPool(f"{cfg.run_id}-w{index}", limits, max_live=slots)
+
+    def rollout(self, source: str, task, seed: int):
+        from agent.rollout import rollout_and_grade
+
+        env, agent = self.sources[source]
+        return rollout_and_grade(agent, task, env, self.pool, seed)
+
+    def node(self) -> tuple[str, str]:
+        return ray.get_runtime_context().get_node_id(), _node_address()
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class RayRollouts:
+    """The orchestrator's `rollout`: each goes to the least busy live rollout actor. One that
+    died is passed over until Ray has restarted it (its lost rollouts are drawn again)."""
+
+    def __init__(self, actors: list):
+        self.actors = actors
+        self.load = [0] * len(actors)
+        self.alive = [True] * len(actors)
+        self._back = asyncio.Event()
+
+    async def __call__(self, source, task, seed: int):
+        while not any(self.alive):
+            self._back.clear()
+            await asyncio.wait_for(self._back.wait(), timeout=READY_TIMEOUT_S)
+        i = min((a for a in range(len(self.actors)) if self.alive[a]), key=lambda a: (self.load[a], a))
+        self.load[i] += 1
+        try:
+            return await self.actors[i].rollout.remote(source.name, task, seed)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            if self.alive[i]:
+                self.alive[i] = False
+                asyncio.get_running_loop().create_task(self._wait_for(i))
+            raise RolloutLost(f"rollout actor {i} died ({type(e).__name__})") from e
+        finally:
+            self.load[i] -= 1
+
+    async def _wait_for(self, i: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                await self.actors[i].node.remote()
+                self.alive[i] = True
+                self._back.set()
+                log.warning("rollout actor %d is back", i)
+                return
+            except Exception:  # still restarting
+                await asyncio.sleep(1.0)
+        log.error("rollout actor %d did not come back", i)
+
+
+# ---- the cluster ----
+
+class Cluster:
+    """Everything a run places on Ray, created in order and removed by `shutdown`."""
+
+    def __init__(self, cfg: DictConfig, model_path: str, console):
+        self.groups: list = []
+        self.actors: list = []
+        try:
+            self._start(cfg, model_path, console)
+        except BaseException:  # nothing of a half-built cluster stays on a cluster that stays
+            self.shutdown()
+            raise
+
+    def _start(self, cfg: DictConfig, model_path: str, console) -> None:
+        r = cfg.ray
+        if not ray.is_initialized():
+            ray.init(address=r.address, namespace=f"sao-{cfg.run_id}", log_to_driver=r.log_to_driver,
+                     **({"_node_ip_address": r.node_ip_address} if r.get("node_ip_address") else {}))
+        gpu = _gpu()
+        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+        from training.run import engine_choice
+
+        kind, options = engine_choice(cfg.engine)
+        # weights reach each replica through Ray's object store, on the host; from the replica's
+        # actor into its engine they go by the inline backend, in buckets
+        transfer = options.get("weight_transfer", "auto")
+        if kind == "vllm" and transfer not in ("auto", "inline"):
+            raise ClusterError(f"engine.options.weight_transfer={transfer}: under runtime=ray the weights reach each "
+                             "replica through Ray's object store (inline); NCCL from the learner's GPUs straight to "
+                             "the engines' is not built yet")
+        if kind == "vllm":
+            options = {**options, "weight_transfer": "inline"}
+        tp = int(options.get("tensor_parallel_size", 1))
+        n_replicas, n_ranks = cfg.engine.replicas, r.learner_ranks
+        console.print(f"ray: {len(ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs, "
+                      f"{ray.cluster_resources().get('GPU', 0):g} GPUs; {n_replicas} engine replica(s) x TP {tp}, "
+                      f"{n_ranks} learner rank(s), {r.rollout_actors} rollout worker(s)")
+
+        # engines: a placement group each (its GPUs on one node), restarted by Ray if they die
+        engine_cls = ray.remote(EngineActor)
+        engines = []
+        for i in range(n_replicas):
+            bundle = {"CPU": 1, **({"GPU": tp} if gpu else {})}
+            pg = self._group([bundle], "STRICT_PACK")
+            engines.append(engine_cls.options(
+                name=f"engine-{i}", max_restarts=-1, max_concurrency=1024, num_cpus=1, num_gpus=tp if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+            ).remote(kind, model_path, options))
+        self.actors += engines
+        self.engines = engines
+        self.router = ray.remote(RouterActor).options(name="router", max_concurrency=4096, num_cpus=0).remote(engines)
+        self.actors.append(self.router)
+
+        # learner ranks: one placement group, a bundle per rank
+        pg = self._group([{"CPU": 1, **({"GPU": 1} if gpu else {})}] * n_ranks, "PACK")
+        learner_cls = ray.remote(LearnerActor)
+        ranks = [learner_cls.options(name=f"learner-{k}", num_cpus=1, num_gpus=1 if gpu else 0,
+                                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k)
+                                     ).remote(k, n_ranks) for k in range(n_ranks)]
+        self.actors += ranks
+        master = ray.get(ranks[0].address.remote())
+        try:
+            layout = ray.get([a.setup.remote(cfg_dict, model_path, master) for a in ranks])[0]
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None  # a LayoutError says which field, as in runtime=local
+        self.learner = RayLearnerGroup(ranks, "megatron" in str(cfg.learner.get("_target_")), layout)
+
+        # rollout workers: spread over the nodes, each with its share of the concurrent rollouts
+        n_workers = r.rollout_actors
+        slots = -(-cfg.trainer.num_workers // n_workers) + 1
+        hosts = list(r.docker_hosts or [])
+        rollout_cls = ray.remote(RolloutActor)
+        workers = []
+        for i in range(n_workers):
+            env = {"DOCKER_HOST": hosts[i % len(hosts)]} if hosts else {}
+            workers.append(rollout_cls.options(
+                name=f"rollouts-{i}", max_restarts=-1, max_concurrency=slots + 2, num_cpus=r.rollout_actor_cpus,
+                scheduling_strategy="SPREAD", runtime_env={"env_vars": env} if env else None,
+            ).remote(cfg_dict, model_path, self.router, i, slots))
+        self.actors += workers
+        self.workers = workers
+        ray.get([e.ready.remote() for e in engines], timeout=READY_TIMEOUT_S)
+        nodes = ray.get([w.node.remote() for w in workers], timeout=READY_TIMEOUT_S)
+        self.worker_nodes = [node_id for node_id, _ in nodes]
+        console.print(f"ray: rollout workers on {len(set(self.worker_nodes))} node(s) "
+                      f"({', '.join(sorted({f'{ip} {node_id[:8]}' for node_id, ip in nodes}))})")
+        self.engine = RayEngine(self.router)
+        self.rollout = RayRollouts(workers)
+
+    def _group(self, bundles: list[dict], strategy: str):
+        pg = placement_group(bundles, strategy=strategy)
+        ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
+        self.groups.append(pg)
+        return pg
+
+    def shutdown(self) -> None:
+        """Workers close their pools (their containers go), engines their engine processes, then
+        every actor and placement group goes."""
+        closing = [a.close.remote() for a in getattr(self, "workers", []) + getattr(self, "engines", [])]
+        for ref in closing:
+            try:
+                ray.get(ref, timeout=120)
+            except Exception as e:
+                log.warning("an actor did not close cleanly: %s", e)
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        for pg in self.groups:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
