@@ -87,3 +87,23 @@ def test_async_batches_by_token_budget(monkeypatch):
     orch, learner = orchestrate(monkeypatch, lambda task: False, batch_tokens=18, batch_size=2)
     asyncio.run(orch.run())
     assert [len(b) for b in learner.batches] == [6, 6, 6]  # max_in_flight is 2 + 2 workers = 4
+
+
+def test_a_lost_rollout_is_drawn_again_not_counted_as_failed(monkeypatch):
+    """runtime=ray: a rollout whose worker died (RolloutLost) gives its key back; the same key
+    is the next drawn, and it is trained on once."""
+    orch, learner = orchestrate(monkeypatch, lambda task: False, max_steps=4)
+    lost_once = []
+
+    async def flaky(source, task, seed):
+        if not lost_once:
+            lost_once.append(task.instance_id)
+            raise orchestrator.RolloutLost("rollout actor 0 died (ActorDiedError)")
+        return await orch._rollout_here(source, task, seed)
+
+    orch.rollout = flaky
+    asyncio.run(orch.run())
+    trained = [t.info["rollout_key"] for batch in learner.batches for t in batch]
+    assert orch.rollouts_lost == 1 and orch.rollout_errors == 0
+    assert len(trained) == len(set(trained)) == 8
+    assert "0/0" in trained  # the lost key (the first drawn) came back

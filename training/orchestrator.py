@@ -196,23 +196,19 @@ class Orchestrator:
                     raise RuntimeError(f"sandbox error: {traj.info.get('error', 'the sandbox failed')}")
                 traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
                 group.append(traj)
-        except RolloutLost as e:  # its worker died: nothing was learnt of the task, so it is drawn again
-            self.rollouts_lost += 1
-            self._failed_in_a_row += 1  # workers that never come back stop the run as failures do
-            log.warning("rollout of %s lost (%s); it will be drawn again", task.instance_id, e)
-            self.sampler.again(key)
+        except Exception as e:
+            lost = isinstance(e, RolloutLost)  # its worker died: nothing was learnt of the task, so it is drawn again
+            if lost:
+                self.rollouts_lost += 1
+                self.sampler.again(key)
+            else:  # an infrastructure fault: counted, logged, the run goes on
+                self.rollout_errors += 1
+                self.sampler.done(key)
+            self._failed_in_a_row += 1  # (workers that never come back stop the run as failures do)
+            log.warning("rollout of %s %s: %s", task.instance_id, "lost; it will be drawn again" if lost else "failed", e)
             if self._failed_in_a_row >= self.cfg.max_failed_in_a_row:
                 raise RolloutsFailing(f"{self._failed_in_a_row} rollouts in a row failed or were lost "
-                                      f"(trainer.max_failed_in_a_row); the last: {e}") from e
-            return None
-        except Exception as e:  # an infrastructure fault: counted, logged, the run goes on
-            self.rollout_errors += 1
-            self._failed_in_a_row += 1
-            log.warning("rollout of %s failed: %s", task.instance_id, e)
-            self.sampler.done(key)
-            if self._failed_in_a_row >= self.cfg.max_failed_in_a_row:
-                raise RolloutsFailing(f"{self._failed_in_a_row} rollouts in a row failed (trainer.max_failed_in_a_row); "
-                                   f"the last, {task.instance_id}: {e}") from e
+                                      f"(trainer.max_failed_in_a_row); the last, {task.instance_id}: {e}") from e
             return None
         self._failed_in_a_row = 0
         self.sampler.done(key)
