@@ -109,3 +109,15 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
     assert all(m["learner/replica_spread"] == 0 for m in metrics)  # the two learner ranks stay identical
     left = docker_client.containers.list(all=True, filters={"label": "sao.sandbox=1"})
     assert not [c for c in left if (c.labels.get("sao.run_id") or "").startswith(RUN_ID)]
+
+
+def test_a_cluster_too_small_is_said_not_waited_for(tmp_path, cluster):
+    """24 CPUs asked of a 16-CPU cluster: an error naming what is asked and what is there
+    (exit 2), not placement groups pending forever."""
+    r = subprocess.run([sys.executable, "-m", "training.run", "+debug=tiny", "runtime=ray", f"ray.address={cluster}",
+                        "ray.node_ip_address=127.0.0.1", "engine=vllm", "engine.replicas=2", "ray.learner_ranks=2",
+                        "ray.rollout_actors=20", f"output_dir={tmp_path / 'run'}", f"run_id={RUN_ID}-small"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "the cluster has 16 CPUs and 0 GPUs; this run asks for 24 CPUs" in r.stderr
+    assert "ray.rollout_actors" in r.stderr

@@ -424,14 +424,29 @@ class Cluster:
 
     def _start(self, cfg: DictConfig, model_path: str, console) -> None:
         r = cfg.ray
-        if not ray.is_initialized():
-            ray.init(address=r.address, namespace=f"sao-{cfg.run_id}", log_to_driver=r.log_to_driver,
-                     **({"_node_ip_address": r.node_ip_address} if r.get("node_ip_address") else {}))
-        gpu = _gpu()
-        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         from training.run import engine_choice
 
         kind, options = engine_choice(cfg.engine)
+        tp = int(options.get("tensor_parallel_size", 1))
+        n_replicas, n_ranks = cfg.engine.replicas, r.learner_ranks
+        cpus_needed = n_replicas + n_ranks + r.rollout_actors * r.rollout_actor_cpus
+        if not ray.is_initialized():
+            # a Ray instance of the run's own counts at least the CPUs its actors ask for: on a
+            # small machine they share the cores, as the threads of runtime=local do
+            own = {"num_cpus": max(os.cpu_count() or 1, int(cpus_needed + 0.999))} if r.address is None else {}
+            ray.init(address=r.address, namespace=f"sao-{cfg.run_id}", log_to_driver=r.log_to_driver, **own,
+                     **({"_node_ip_address": r.node_ip_address} if r.get("node_ip_address") else {}))
+        gpu = _gpu()
+        have = ray.cluster_resources()
+        gpus_needed = n_replicas * tp + n_ranks if gpu else 0
+        if have.get("CPU", 0) < cpus_needed or have.get("GPU", 0) < gpus_needed:
+            raise ClusterError(
+                f"the cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; this run asks for "
+                f"{cpus_needed:g} CPUs ({n_replicas} engine replicas, {n_ranks} learner ranks, {r.rollout_actors} "
+                f"rollout workers x ray.rollout_actor_cpus {r.rollout_actor_cpus:g})"
+                + (f" and {gpus_needed} GPUs ({n_replicas} x TP {tp} for the engines, {n_ranks} for the learner)" if gpu else "")
+                + ": add nodes, or lower engine.replicas, ray.learner_ranks or ray.rollout_actors")
+        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         # weights reach each replica through Ray's object store, on the host; from the replica's
         # actor into its engine they go by the inline backend, in buckets
         transfer = options.get("weight_transfer", "auto")
@@ -441,8 +456,6 @@ class Cluster:
                              "the engines' is not built yet")
         if kind == "vllm":
             options = {**options, "weight_transfer": "inline"}
-        tp = int(options.get("tensor_parallel_size", 1))
-        n_replicas, n_ranks = cfg.engine.replicas, r.learner_ranks
         console.print(f"ray: {len(ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs, "
                       f"{ray.cluster_resources().get('GPU', 0):g} GPUs; {n_replicas} engine replica(s) x TP {tp}, "
                       f"{n_ranks} learner rank(s), {r.rollout_actors} rollout worker(s)")

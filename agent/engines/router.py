@@ -128,6 +128,12 @@ class EngineRouter:
             threading.Thread(target=self._revive, args=(i,), name=f"revive-{i}", daemon=True).start()
 
     def _revive(self, i: int) -> None:
+        dead = self.replicas[i]
+        if hasattr(dead, "close"):  # what is left of it (its loop, its engine's processes)
+            try:
+                dead.close()
+            except Exception as e:
+                log.warning("closing dead engine replica %d: %s", i, e)
         try:
             replica = self.restart(i)
             while self._latest is not None:  # the weights the others serve; again if a sync passed meanwhile

@@ -66,6 +66,12 @@ class AsyncVLLMEngine:
         register()
         self.sync_mode = sync_mode
         self.transfer = resolve_transfer(weight_transfer)
+        if self.transfer == "inline":
+            from importlib.metadata import entry_points
+
+            if "sao_inline_weights" not in {e.name for e in entry_points(group="vllm.general_plugins")}:
+                raise RuntimeError("the inline weight-transfer backend is a vLLM plugin of this project, registered "
+                                   "when it is installed: pip install -e . (./setup.sh does)")
         self.bucket_bytes = bucket_mb << 20
         self.sleep_during_step = sleep_during_step
         self.version = 0
