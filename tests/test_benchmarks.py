@@ -60,3 +60,9 @@ def test_engine_continuous_benchmark_runs_both_engines(tmp_path):
         assert engine["tokens"] > 0 and engine["tokens_per_s"] > 0
         assert 0 < engine["p50_turn_s"] <= engine["p95_turn_s"]
     assert "async / blocking" in r.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU machine the check runs for real")
+def test_gpu_engine_check_says_it_needs_a_gpu():
+    r = run("benchmarks.gpu_engine_check")
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
