@@ -121,3 +121,21 @@ def test_a_cluster_too_small_is_said_not_waited_for(tmp_path, cluster):
     assert r.returncode == 2, r.stderr[-3000:]
     assert "the cluster has 16 CPUs and 0 GPUs; this run asks for 24 CPUs" in r.stderr
     assert "ray.rollout_actors" in r.stderr
+
+
+def test_the_megatron_learner_on_ray_ranks(tmp_path, docker_client, cluster):
+    """learner=megatron with its two ranks as Ray actors (data parallel 2): steps, syncs the
+    engine with the weights its ranks gather, and writes its distributed checkpoint."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "training.run", "+debug=tiny", "runtime=ray", f"ray.address={cluster}",
+                        "ray.node_ip_address=127.0.0.1", "engine=vllm", "learner=megatron", "ray.learner_ranks=2",
+                        "trainer.max_steps=2", "held_out=null", "model.algo_overrides.critic_warmup_steps=0",
+                        f"output_dir={out}", f"run_id={RUN_ID}-mcore"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "learner: 2 rank(s), tensor 1 x pipeline 1 x data 2" in r.stderr
+    metrics = rows(out)
+    assert [m["learner/version"] for m in metrics] == [m["engine/version"] for m in metrics] == [1.0, 2.0]
+    assert max(m["sao/logprob_mismatch_fresh"] for m in metrics) < 1e-4
+    ckpt = out / "checkpoints" / "step_2"
+    assert (ckpt / "layout.json").exists() and (ckpt / "megatron" / "policy").is_dir()

@@ -328,7 +328,7 @@ class RayLearnerGroup:
         try:
             ray.get(refs)
         except ray.exceptions.RayTaskError as e:  # the learner's own error (a LayoutError, say), as itself
-            raise e.as_instanceof_cause() from None
+            raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
         self._version = ray.get(self.actors[0].version.remote())
 
 
@@ -485,8 +485,8 @@ class Cluster:
         master = ray.get(ranks[0].address.remote())
         try:
             layout = ray.get([a.setup.remote(cfg_dict, model_path, master) for a in ranks])[0]
-        except ray.exceptions.RayTaskError as e:
-            raise e.as_instanceof_cause() from None  # a LayoutError says which field, as in runtime=local
+        except ray.exceptions.RayTaskError as e:  # a LayoutError says which field, as in runtime=local
+            raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
         self.learner = RayLearnerGroup(ranks, "megatron" in str(cfg.learner.get("_target_")), layout)
 
         # rollout workers: spread over the nodes, each with its share of the concurrent rollouts
