@@ -95,7 +95,9 @@ class EngineRouter:
 
     @property
     def version(self) -> int:
-        return min(r.version for r in self.replicas)
+        """The oldest weights a live replica serves (a dead one is brought up to date first)."""
+        live = [r.version for i, r in enumerate(self.replicas) if self.balancer.alive[i]]
+        return min(live or [r.version for r in self.replicas])
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         session = current_session()
