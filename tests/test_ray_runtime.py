@@ -136,6 +136,8 @@ def test_the_megatron_learner_on_ray_ranks(tmp_path, docker_client, cluster):
     assert "learner: 2 rank(s), tensor 1 x pipeline 1 x data 2" in r.stderr
     metrics = rows(out)
     assert [m["learner/version"] for m in metrics] == [m["engine/version"] for m in metrics] == [1.0, 2.0]
-    assert max(m["sao/logprob_mismatch_fresh"] for m in metrics) < 1e-4
+    # step 1's batch is all version 0's; step 2's may be too (sampled before the first sync)
+    fresh = [m["sao/logprob_mismatch_fresh"] for m in metrics if "sao/logprob_mismatch_fresh" in m]
+    assert fresh and max(fresh) < 1e-4
     ckpt = out / "checkpoints" / "step_2"
     assert (ckpt / "layout.json").exists() and (ckpt / "megatron" / "policy").is_dir()

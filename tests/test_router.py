@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent.engines.base import Completion, SamplingParams, session
-from agent.engines.router import Balancer, EngineRouter, NoReplicaLeft
+from agent.engines.router import Balancer, EngineRouter, NoReplicaLeft, ReplicaRestarted, is_dead_engine
 
 
 class EngineDeadError(RuntimeError):
@@ -81,13 +81,13 @@ def test_a_dead_replica_is_replaced_and_its_request_served_elsewhere():
     router.update_weights([("w", torch.ones(2))], version=4)
     with session("r1"):
         c = router.generate([1, 2], SamplingParams())  # first to the dead one (ties go low), then retried
-    assert c.token_ids == [2] and dead.calls == 1 and live.calls == 1 and router.retried == 1
+    assert c.token_ids == [2] and dead.calls == 1 and live.calls == 1 and router.balancer.retried == 1
     may_restart.set()
     for _ in range(500):
-        if router.restarts:
+        if router.balancer.restarts:
             break
         time.sleep(0.01)
-    assert router.restarts == 1 and router.replicas[0] is rebuilt[0]
+    assert router.balancer.restarts == 1 and router.replicas[0] is rebuilt[0]
     assert rebuilt[0].version == 4 and rebuilt[0].weights[0][0] == "w"  # the latest weights, not the first
     assert router.version == 4 and router.metrics()["engine/replicas_alive"] == 2
 
@@ -107,3 +107,12 @@ def test_an_ordinary_error_is_the_caller_s():
     with pytest.raises(ValueError, match="too long"):
         router.generate([1], SamplingParams())
     assert all(router.balancer.alive)
+
+
+def test_dead_engine_errors_as_the_ray_router_receives_them():
+    """A replica Ray restarted unnoticed refuses requests (ReplicaRestarted); wrapped by Ray as
+    its caller gets it, the router takes it as a dead replica, and an ordinary error as the caller's."""
+    from ray.exceptions import RayTaskError
+
+    assert is_dead_engine(RayTaskError("generate", "tb", ReplicaRestarted("restarted")).as_instanceof_cause())
+    assert not is_dead_engine(RayTaskError("generate", "tb", ValueError("bad prompt")).as_instanceof_cause())

@@ -34,7 +34,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agent.engines.base import Completion, SamplingParams, current_session
-from agent.engines.router import Balancer, NoReplicaLeft, is_dead_engine
+from agent.engines.router import Balancer, NoReplicaLeft, ReplicaRestarted, is_dead_engine
 from training.orchestrator import RolloutLost
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,20 @@ class ClusterError(ValueError):
 
 def _gpu() -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
+
+
+async def _until_up(probe, what: str) -> bool:
+    """Awaits `probe()` until it succeeds (an actor Ray is restarting answers with errors until
+    it is back); False, said, after READY_TIMEOUT_S."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            await probe()
+            return True
+        except Exception:  # still restarting
+            await asyncio.sleep(1.0)
+    log.error("%s did not come back", what)
+    return False
 
 
 def _node_address() -> str:
@@ -66,11 +80,20 @@ class EngineActor:
         from agent.engines.shared import shareable
 
         self.engine = shareable(make_engine(kind, model_path, **options))
+        # Ray restarted this replica: it holds the weights it started with, and the router may not
+        # know yet (no request was in flight when it died). It serves again once `serve` is called.
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
     async def ready(self) -> int:
         return self.engine.version
 
+    async def serve(self) -> None:
+        """The router has given this replica the run's weights (or the run has synced none yet)."""
+        self.restarted = False
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        if self.restarted:
+            raise ReplicaRestarted("this engine replica was restarted and has not been given the run's weights")
         if hasattr(self.engine, "submit"):
             return await asyncio.wrap_future(self.engine.submit(prompt_ids, sampling))
         return await asyncio.to_thread(self.engine.generate, prompt_ids, sampling)
@@ -100,8 +123,6 @@ class RouterActor:
         self.balancer = Balancer(len(engines))
         self.latest: tuple[list, int] | None = None  # ([weights ref], version) for restarted replicas
         self.version = 0
-        self.retried = 0
-        self.restarts = 0
         self.last_sync: dict[str, float] = {}
         self._revived = asyncio.Event()
 
@@ -121,7 +142,7 @@ class RouterActor:
                 if not is_dead_engine(e):
                     raise
                 self._died(i, e)
-                self.retried += 1
+                self.balancer.retried += 1
             finally:
                 self.balancer.done(i)
 
@@ -132,22 +153,19 @@ class RouterActor:
             asyncio.get_running_loop().create_task(self._revive(i))
 
     async def _revive(self, i: int) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                await self.engines[i].ready.remote()
-                while self.latest is not None:  # again if a sync passed it by meanwhile
-                    box, version = self.latest
-                    await self.engines[i].update_weights.remote(box[0], version)
-                    if self.latest[1] == version:
-                        break
-                break
-            except Exception:  # still restarting
-                await asyncio.sleep(1.0)
-        else:
-            log.error("engine replica %d did not come back", i)
+        engine = self.engines[i]
+
+        async def bring_up():
+            await engine.ready.remote()
+            given = None
+            while self.latest is not None and self.latest[1] != given:  # again if a sync passed it by meanwhile
+                box, given = self.latest
+                await engine.update_weights.remote(box[0], given)
+            await engine.serve.remote()
+
+        if not await _until_up(bring_up, f"engine replica {i}"):
             return
-        self.restarts += 1
+        self.balancer.restarts += 1
         self.balancer.up(i)
         self._revived.set()
 
@@ -172,19 +190,14 @@ class RouterActor:
         return self.version
 
     async def metrics(self) -> dict[str, float]:
-        b = self.balancer
-        stats = await asyncio.gather(*[e.stats.remote() for i, e in enumerate(self.engines) if b.alive[i]],
+        return {**self.balancer.metrics(), **self.last_sync}
+
+    async def load(self) -> dict[str, float]:
+        """Seconds busy and requests decoded together, the mean of the live replicas'."""
+        stats = await asyncio.gather(*[e.stats.remote() for i, e in enumerate(self.engines) if self.balancer.alive[i]],
                                      return_exceptions=True)
         stats = [s for s in stats if isinstance(s, dict)]
-        out = {"engine/replicas_alive": float(sum(b.alive)), "engine/restarts": float(self.restarts),
-               "engine/requests_retried": float(self.retried), "engine/requests": float(sum(b.served)),
-               "engine/busy_s": sum(s["busy_s"] for s in stats) / max(len(stats), 1),
-               "engine/batch_size_mean": sum(s["batch_size_mean"] for s in stats) / max(len(stats), 1),
-               **self.last_sync}
-        for i in range(len(self.engines)):
-            out[f"engine/replica{i}/requests"] = float(b.served[i])
-            out[f"engine/replica{i}/outstanding"] = float(b.outstanding[i])
-        return out
+        return {k: sum(s[k] for s in stats) / max(len(stats), 1) for k in ("busy_s", "batch_size_mean")}
 
 
 class RayEngine:
@@ -193,7 +206,7 @@ class RayEngine:
 
     def __init__(self, router):
         self.router = router
-        self._metrics: dict[str, float] = {}
+        self._load: dict[str, float] = {}
 
     @property
     def version(self) -> int:
@@ -207,16 +220,17 @@ class RayEngine:
         ray.get(self.router.update_weights.remote([ref], version))
 
     def metrics(self) -> dict[str, float]:
-        self._metrics = ray.get(self.router.metrics.remote())
-        return {k: v for k, v in self._metrics.items() if k not in ("engine/busy_s", "engine/batch_size_mean")}
+        return ray.get(self.router.metrics.remote())
 
     @property
     def busy_s(self) -> float:
-        return ray.get(self.router.metrics.remote())["engine/busy_s"]
+        self._load = ray.get(self.router.load.remote())
+        return self._load["busy_s"]
 
     @property
     def batch_size_mean(self) -> float:
-        return self._metrics.get("engine/batch_size_mean", 0.0)
+        """As of the last `busy_s` read (the orchestrator reads both for one step's metrics)."""
+        return self._load.get("batch_size_mean", 0.0)
 
     def close(self) -> None:
         """Nothing here: the cluster (`Cluster.shutdown`) closes the engines."""
@@ -395,17 +409,10 @@ class RayRollouts:
             self.load[i] -= 1
 
     async def _wait_for(self, i: int) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                await self.actors[i].node.remote()
-                self.alive[i] = True
-                self._back.set()
-                log.warning("rollout actor %d is back", i)
-                return
-            except Exception:  # still restarting
-                await asyncio.sleep(1.0)
-        log.error("rollout actor %d did not come back", i)
+        if await _until_up(self.actors[i].node.remote, f"rollout actor {i}"):
+            self.alive[i] = True
+            self._back.set()
+            log.warning("rollout actor %d is back", i)
 
 
 # ---- the cluster ----

@@ -33,6 +33,11 @@ class NoReplicaLeft(RuntimeError):
     """Every replica is down and none came back."""
 
 
+class ReplicaRestarted(RuntimeError):
+    """A replica its runtime restarted behind the router's back: it holds the weights it started
+    with, not the run's, and serves again only once the router has given it the latest."""
+
+
 class Balancer:
     """Least outstanding requests, sticky per session, dead replicas skipped."""
 
@@ -43,6 +48,8 @@ class Balancer:
         self.sessions: OrderedDict[str, int] = OrderedDict()  # session -> replica, oldest first
         self.max_sessions = max_sessions
         self.sticky_hits = 0
+        self.restarts = 0  # replicas brought back
+        self.retried = 0  # requests sent again to another replica after theirs died
 
     def pick(self, session: str | None = None) -> int:
         live = [i for i, up in enumerate(self.alive) if up]
@@ -71,11 +78,20 @@ class Balancer:
     def up(self, i: int) -> None:
         self.alive[i] = True
 
+    def metrics(self) -> dict[str, float]:
+        out = {"engine/replicas_alive": float(sum(self.alive)), "engine/restarts": float(self.restarts),
+               "engine/requests_retried": float(self.retried), "engine/requests": float(sum(self.served))}
+        for i in range(len(self.alive)):
+            out[f"engine/replica{i}/requests"] = float(self.served[i])
+            out[f"engine/replica{i}/outstanding"] = float(self.outstanding[i])
+        return out
+
 
 def is_dead_engine(e: BaseException) -> bool:
     """A replica that can serve no more: vLLM's engine died, or (under Ray) its actor did."""
     names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError"})
+    return bool(names & {"EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError",
+                         "ReplicaRestarted"})
 
 
 class EngineRouter:
@@ -87,8 +103,6 @@ class EngineRouter:
         self.balancer = Balancer(len(self.replicas))
         self.restart = restart
         self.restart_wait_s = restart_wait_s
-        self.restarts = 0
-        self.retried = 0
         self._lock = threading.Lock()
         self._revived = threading.Condition(self._lock)
         self._latest: tuple[list[tuple[str, torch.Tensor]], int] | None = None
@@ -114,7 +128,7 @@ class EngineRouter:
                 if not is_dead_engine(e):
                     raise
                 self._replica_died(i, e)
-                self.retried += 1  # the same request again, elsewhere: the rollout goes on
+                self.balancer.retried += 1  # the same request again, elsewhere: the rollout goes on
             finally:
                 with self._lock:
                     self.balancer.done(i)
@@ -148,7 +162,7 @@ class EngineRouter:
             return
         with self._lock:
             self.replicas[i] = replica
-            self.restarts += 1
+            self.balancer.restarts += 1
             self.balancer.up(i)
             self._revived.notify_all()
         log.warning("engine replica %d is back (version %d)", i, replica.version)
@@ -172,16 +186,12 @@ class EngineRouter:
         return sum(getattr(r, "batch_size_mean", 0.0) for r in self.replicas) / len(self.replicas)
 
     def metrics(self) -> dict[str, float]:
-        b = self.balancer
-        out = {"engine/replicas_alive": float(sum(b.alive)), "engine/restarts": float(self.restarts),
-               "engine/requests_retried": float(self.retried), "engine/requests": float(sum(b.served))}
+        out = self.balancer.metrics()
         syncs = [getattr(r, "last_sync", {}) for r in self.replicas]
         if any(syncs):
             out["engine/sync_s"] = max(s.get("engine/sync_s", 0.0) for s in syncs)
             out["engine/sync_bytes"] = sum(s.get("engine/sync_bytes", 0.0) for s in syncs)
         for i in range(len(self.replicas)):
-            out[f"engine/replica{i}/requests"] = float(b.served[i])
-            out[f"engine/replica{i}/outstanding"] = float(b.outstanding[i])
             out[f"engine/replica{i}/version"] = float(self.replicas[i].version)
         return out
 
