@@ -33,7 +33,14 @@ class Task:
     test_cmd: str | None = None  # None: pytest -rA over the files named in the test lists
     log_parser: str = "parse_log_pytest"  # a key of swebench's PARSER_REGISTRY
     eval_script: str | None = None  # swebench v5: a whole eval.sh (applies test_patch itself)
-    eval_type: str = "pass_and_fail"
+    eval_type: str = "pass_and_fail"  # swebench's, or "expected_exact" / "expected_passed" (R2E-style)
+    # -- what a dataset family's own harness does (envs/data_*.py) --
+    layout: str = "swe-bench"  # the family whose harness lays out, runs and grades the task
+    # None: the workspace is the image's repository (or `repo`) checked out at base_commit. Else
+    # bash run in the workspace at reset that puts the task in place (a branch checked out,
+    # tests hidden); the tree it leaves is the task's start, which the patch is taken against.
+    setup_script: str | None = None
+    expected_output: dict[str, str] = field(default_factory=dict)  # R2E-style: test -> expected status
     repo_path: str | None = None  # `repo` resolved to an absolute local path, when it is one
     extra: dict[str, Any] = field(default_factory=dict)  # other columns, kept for round trips
 
@@ -49,7 +56,9 @@ class Task:
 
     def to_row(self) -> dict[str, Any]:
         """The SWE-bench-format row (test lists as JSON strings, as the hub datasets have them)."""
-        row = {k: v for k, v in asdict(self).items() if k not in ("extra", "repo_path")}
+        row = {k: v for k, v in asdict(self).items() if k not in ("extra", "repo_path", "expected_output")}
+        if self.expected_output:
+            row["expected_output_json"] = json.dumps(self.expected_output)
         row["FAIL_TO_PASS"] = json.dumps(self.FAIL_TO_PASS)
         row["PASS_TO_PASS"] = json.dumps(self.PASS_TO_PASS)
         row.update(self.extra)

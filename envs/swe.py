@@ -24,7 +24,9 @@ from swebench.harness.grading import get_eval_report, get_logs_eval
 from swebench.harness.log_parsers import PARSER_REGISTRY
 from swebench.harness.utils import make_test_spec
 
+from envs import parsers  # noqa: F401 (registers the parsers swebench lacks)
 from envs.base import GradeResult, Task, register_env
+from envs.parsers import EXPECTED_TYPES, expected_verdict
 from sandbox.base import WORKDIR, Sandbox, SandboxError
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -46,6 +48,14 @@ RESET_CMD = "git reset -q --hard && git clean -fdq"
 # as swebench: every command failed, yet the tree may hold the whole patch (checked in reverse)
 APPLIED_CHECK = "git apply --check --reverse {p}"
 PATCH_FILE = "/tmp/sao_model.patch"
+# A task with a setup script starts from the tree the script leaves, committed here (fixed
+# author and dates: the same image and script give the same commit).
+START_REF = "refs/sao/start"
+_SNAPSHOT = (
+    "git add -A && GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z' "
+    "git -c user.name=sao -c user.email=sao@localhost -c commit.gpgsign=false commit -q --no-verify --allow-empty "
+    f"-m 'sao: task start' && git update-ref {START_REF} HEAD"
+)
 _HEREDOC = "EOF_SAO_5f3c1e"
 
 
@@ -59,12 +69,19 @@ def modified_files(patch: str) -> list[str]:
     return [line[6:].split("\t")[0] for line in patch.splitlines() if line.startswith("--- a/")]
 
 
-def build_eval_script(task: Task, workdir: str = WORKDIR) -> str:
-    """An eval.sh in swebench's shape for a task that brings none: reset the test files,
-    apply the test patch, run the tests between swebench's start / end markers."""
+def start_of(task: Task) -> str:
+    """The revision the agent's work is diffed against and grading resets to."""
+    return START_REF if task.setup_script else task.base_commit
+
+
+def build_eval_script(task: Task, workdir: str = WORKDIR, prelude: str = "") -> str:
+    """An eval.sh in swebench's shape for a task that brings none: `prelude` (an environment
+    to activate), reset the test files, apply the test patch, run the tests between
+    swebench's start / end markers."""
     reset = list(dict.fromkeys(modified_files(task.test_patch) + task.test_files))
     base = shlex.quote(task.base_commit)
-    lines = [f"cd {workdir}"]
+    lines = [prelude] if prelude else []
+    lines.append(f"cd {workdir}")
     if reset:
         quoted = " ".join(shlex.quote(f) for f in reset)
         # a test file the base lacks is removed: the test patch (or nothing) provides it
@@ -118,8 +135,19 @@ class SWEEnv:
         return expected_image(task.instance_id)
 
     def reset(self, task: Task, sandbox: Sandbox) -> str:
-        """Put the repository at `task.base_commit` in the sandbox's workdir; return the prompt."""
+        """Put the task in the sandbox's workdir (the repository at `task.base_commit`, or what
+        the task's setup script lays out); return the prompt."""
         wd = sandbox.workdir
+        if task.setup_script:  # from a file: its test lists can pass the 128 KiB one argument may hold
+            sandbox.write_file("/tmp/sao_setup.sh", task.setup_script)
+            r = sandbox.exec("bash /tmp/sao_setup.sh", timeout=600)
+            if r.ok:
+                r = sandbox.exec(f"mkdir -p .git/info && printf %s {shlex.quote(EXCLUDES)} >> .git/info/exclude && "
+                                 + _SNAPSHOT, timeout=300)
+            if not r.ok:
+                raise SandboxError(f"task {task.instance_id}: its {task.layout} setup failed "
+                                   f"(image {self.image_for(task)!r}): {r.output[-1500:]}")
+            return self.prompt_template.format(workdir=wd, repo=task.repo, problem_statement=task.problem_statement.strip())
         if task.repo_path:
             sandbox.copy_in(task.repo_path, wd)
         elif not sandbox.exec(f"test -d {wd}/.git", timeout=30).ok:
@@ -143,9 +171,9 @@ class SWEEnv:
         """Grade `patch`, or the workspace's diff against the base commit when it is None."""
         start = time.monotonic()
         if patch is None:
-            patch = sandbox.diff(task.base_commit)
+            patch = sandbox.diff(start_of(task))
         result = GradeResult(task.instance_id, resolved=False, patch_applied=False, empty_patch=not patch.strip())
-        base = shlex.quote(task.base_commit)
+        base = shlex.quote(start_of(task))
         r = sandbox.exec(f"git reset -q --hard {base} && git clean -fdq", timeout=120)
         if not r.ok:
             raise SandboxError(f"task {task.instance_id}: cannot reset the workspace: {r.output[-1000:]}")
@@ -197,6 +225,8 @@ class SWEEnv:
 
     def _finish(self, result: GradeResult, task: Task, patch: str, start: float, spec=None) -> GradeResult:
         spec = spec or test_spec_for(task)
+        if task.eval_type in EXPECTED_TYPES:
+            return self._finish_expected(result, task, start, spec)
         with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
             f.write(result.log)
             log_path = f.name
@@ -211,5 +241,25 @@ class SWEEnv:
         result.resolved = bool(report["resolved"]) and result.error is None
         if result.patch_applied and not report.get("patch_successfully_applied") and result.error is None:
             result.error = "the test log could not be read (the test patch failed or the suite did not run)"
+        result.duration_s = time.monotonic() - start
+        return result
+
+    def _finish_expected(self, result: GradeResult, task: Task, start: float, spec) -> GradeResult:
+        """R2E-style: the parsed log against the row's expected statuses (envs/parsers.py)."""
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write(result.log)
+            log_path = f.name
+        try:
+            status_map, found = get_logs_eval(spec, log_path)
+        finally:
+            Path(log_path).unlink(missing_ok=True)
+        resolved, wrong = expected_verdict(task.eval_type, task.expected_output, status_map) if found else (False, {})
+        result.tests_status = status_map
+        result.report = {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": found,
+                         "resolved": resolved, "tests_status": {"expected": len(task.expected_output),
+                                                                "mismatched": dict(list(wrong.items())[:50])}}
+        result.resolved = resolved and result.error is None
+        if result.patch_applied and not found and result.error is None:
+            result.error = "the test log could not be read (the suite did not run)"
         result.duration_s = time.monotonic() - start
         return result

@@ -56,10 +56,29 @@ def test_swe_verified_experiment_has_the_papers_settings():
     assert algo["critic_steps"] == 2 and algo["critic_warmup_steps"] == 10 and algo["freeze_critic_attention"]
     assert algo["gamma"] == 1.0 and algo["policy_lambda"] is None and algo["critic_lambda"] == 1.0
     assert cfg["model"]["algo_overrides"] == {}  # nothing replaces the paper's values
-    assert [s["env"] for s in cfg["sources"]] == ["swe"]
+    assert [s["env"] for s in cfg["sources"]] == ["swe", "swe"]
     learner = cfg["learner"]  # the Megatron learner, laid out for one 8-GPU node
     assert learner["_target_"] == "training.learners.megatron.MegatronLearner"
     assert learner["tensor_parallel"] * learner["pipeline_parallel"] == 4 and learner["dtype"] == "bfloat16"
+
+
+def test_swe_verified_sources_load_a_real_mix(monkeypatch):
+    """The experiment's sources, each hub set given its card-shaped rows (tests/data; no hub
+    here): SWE-smith and SWE-Gym map by their names, SWE-bench Verified's rows are dropped."""
+    import json
+
+    import envs.data
+
+    data = Path(__file__).parent / "data"
+    rows = {name: [json.loads(line) for line in (data / f).read_text().splitlines()] for name, f in
+            [("SWE-bench/SWE-smith", "swe_smith.jsonl"), ("SWE-Gym/SWE-Gym", "swe_gym.jsonl"),
+             ("SWE-bench/SWE-bench_Verified", "swe_bench_verified.jsonl")]}
+    rows["SWE-Gym/SWE-Gym"].append({**rows["SWE-Gym/SWE-Gym"][0], "instance_id": "django__django-11099"})
+    monkeypatch.setattr(envs.data, "_read_hub", lambda name, split: rows[name])
+    cfg = composed("+experiment=swe_verified")
+    smith, gym = (list(instantiate(s.tasks)) for s in cfg.sources)
+    assert {t.layout for t in smith} == {"swe-smith"} and len(smith) == 2
+    assert {t.layout for t in gym} == {"swe-gym"} and [t.instance_id for t in gym] == ["dask__dask-7656", "python__mypy-11126"]
 
 
 def test_grpo_switch():
