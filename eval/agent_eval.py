@@ -34,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent.loop import Agent
 from envs.base import Env, Task
+from envs.swe import start_of
 from eval.grading import InstanceOutcome, grade_one
 from sandbox.pool import SandboxPool
 
@@ -118,7 +119,7 @@ def run_job(agent: Agent, task: Task, env: Env, pool: SandboxPool, out: Path, ru
     try:
         with pool.sandbox(env.image_for(task)) as sb:
             traj = agent.run(task, env, sb, seed=rollout_seed(seed, run, task.instance_id))
-            patch = sb.diff(task.base_commit) if traj.exit_reason != "sandbox_error" else ""
+            patch = sb.diff(start_of(task)) if traj.exit_reason != "sandbox_error" else ""
         record.exit_reason, record.turns = traj.exit_reason, traj.turns
         record.tokens, record.sampled_tokens, record.model_patch = traj.num_tokens, traj.num_sampled, patch
         traj.info.update(model=model_name, run=run, model_patch=patch)

@@ -3,6 +3,7 @@ loaded, mapped to their images, workspace setup, test commands and parsers; thre
 graded end to end in images laid out as theirs are (tests/family_images.py)."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,21 @@ def test_r2e_gym_and_swe_next_graded_against_their_expected_output(docker_client
         assert SWEEnv().grade(r2e, sb).empty_patch
     finally:
         sb.close()
+
+
+@pytest.mark.docker
+def test_eval_grades_swe_smith_gold_predictions(tmp_path, docker_client):
+    """`python -m eval.swebench --predictions gold` on SWE-smith rows: both resolve (the gold
+    patch is the bug patch reversed, graded in a fresh sandbox from the task's start)."""
+    import sys
+
+    from tests.family_images import smith_image
+
+    rect, _ = one("swe_smith.jsonl")
+    smith_image(rect.instance_id, rect.extra["bug_patch"], ["tests/test_area.py"])
+    r = subprocess.run([sys.executable, "-m", "eval.swebench", "--dataset", str(DATA / "swe_smith.jsonl"),
+                        "--predictions", "gold", "--output", str(tmp_path / "out")],
+                       cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["resolved_instances"] == 2, report
