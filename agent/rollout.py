@@ -29,15 +29,31 @@ console = Console(stderr=True)
 
 
 def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, seed: int | None = None) -> Trajectory:
-    """One rollout in a fresh sandbox, graded on its workspace; the sandbox is always removed."""
-    with pool.sandbox(env.image_for(task)) as sb:
+    """One rollout in a fresh sandbox, graded; every sandbox is removed however it ends.
+
+    An env that grades a patch (`env.patch_of`, the SWE env) is graded as SWE-bench's harness
+    grades: the workspace's diff is taken, and the tests run in another fresh sandbox from the
+    task's image with only that patch applied, so nothing the agent did outside the repository
+    (a shadowed test runner, a daemon it left) touches grading. Other envs grade in place.
+    """
+    image = env.image_for(task)
+    patch_of = getattr(env, "patch_of", None)
+    with pool.sandbox(image) as sb:
         traj = agent.run(task, env, sb, seed=seed)
-        if traj.exit_reason != "sandbox_error":
-            t0 = time.monotonic()
+        if traj.exit_reason == "sandbox_error":
+            return traj
+        t0 = time.monotonic()
+        if patch_of is None:
             result = env.grade(task, sb)
-            traj.timings["grade"] = time.monotonic() - t0
-            traj.reward = result.reward
-            traj.info["grade"] = {k: v for k, v in asdict(result).items() if k != "log"}
+        else:
+            patch = patch_of(task, sb)
+    if patch_of is not None:
+        with pool.sandbox(image) as clean:
+            env.reset(task, clean)
+            result = env.grade(task, clean, patch)
+    traj.timings["grade"] = time.monotonic() - t0
+    traj.reward = result.reward
+    traj.info["grade"] = {k: v for k, v in asdict(result).items() if k != "log"}
     return traj
 
 

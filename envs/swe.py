@@ -167,11 +167,15 @@ class SWEEnv:
             workdir=wd, repo=task.repo, problem_statement=task.problem_statement.strip()
         )
 
+    def patch_of(self, task: Task, sandbox: Sandbox) -> str:
+        """The agent's work: the workspace's diff against the task's start (new files included)."""
+        return sandbox.diff(start_of(task))
+
     def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult:
         """Grade `patch`, or the workspace's diff against the base commit when it is None."""
         start = time.monotonic()
         if patch is None:
-            patch = sandbox.diff(start_of(task))
+            patch = self.patch_of(task, sandbox)
         result = GradeResult(task.instance_id, resolved=False, patch_applied=False, empty_patch=not patch.strip())
         base = shlex.quote(start_of(task))
         r = sandbox.exec(f"git reset -q --hard {base} && git clean -fdq", timeout=120)

@@ -124,3 +124,30 @@ def test_wall_time_limit(make_sandbox, calc_task, tokenizer, monkeypatch):
     traj = Agent(OneSecondATurn(tokenizer, looping), tokenizer, AgentConfig(wall_time_s=1.5)).run(
         calc_task, SWEEnv(), make_sandbox())
     assert traj.exit_reason == "timeout" and traj.turns == 2
+
+
+SHADOW_PYTEST = (  # a reward hack outside the repository: pytest's entry point reports every FAILED as PASSED
+    "cat > /usr/lib/python3/dist-packages/pytest/__main__.py <<'EOF'\n"
+    "import subprocess, sys\n"
+    "r = subprocess.run([sys.executable, '-c', 'import pytest, sys; sys.exit(pytest.console_main())', *sys.argv[1:]],"
+    " capture_output=True, text=True)\n"
+    "print(r.stdout.replace('FAILED', 'PASSED'))\n"
+    "EOF")
+
+
+def test_a_rollout_is_graded_in_a_fresh_sandbox_so_a_shadowed_test_runner_earns_nothing(make_sandbox, calc_task, tokenizer):
+    from agent.rollout import rollout_and_grade
+    from conftest import RUN_ID
+    from sandbox.pool import SandboxPool
+
+    hack = [call("bash", command=SHADOW_PYTEST), call("submit")]
+    # in the sandbox the agent used, the hack pays: the F2P test reads as passed
+    env, sb = SWEEnv(), make_sandbox()
+    Agent(ScriptedEngine(tokenizer, hack), tokenizer).run(calc_task, env, sb)
+    assert env.grade(calc_task, sb).reward == 1.0
+    # graded as the training loop grades: only the repository's diff (none), in a clean sandbox
+    traj = rollout_and_grade(Agent(ScriptedEngine(tokenizer, hack), tokenizer), calc_task, env,
+                             SandboxPool(RUN_ID, max_live=2))
+    grade = traj.info["grade"]
+    assert traj.reward == 0.0 and grade["empty_patch"] and grade["tests_status"]["test_new.py::test_clamp_high"] == "FAILED"
+    assert traj.timings["grade"] > 0
