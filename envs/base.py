@@ -78,6 +78,7 @@ class GradeResult:
     error: str | None = None  # why grading could not judge the patch (timeout, apply failure...)
     timed_out: bool = False
     empty_patch: bool = False
+    test_edits: list[str] = field(default_factory=list)  # test infrastructure the patch edits unasked
     duration_s: float = 0.0
 
     @property

@@ -9,10 +9,11 @@ every PASS_TO_PASS test passes.
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from swebench.harness.constants import (
     APPLY_PATCH_FAIL,
@@ -69,6 +70,49 @@ def modified_files(patch: str) -> list[str]:
     return [line[6:].split("\t")[0] for line in patch.splitlines() if line.startswith("--- a/")]
 
 
+# Files that steer how tests run, wherever they sit: an edit the task does not name can make
+# failing tests read as passing (a conftest hook, a plugin loaded by addopts, a .pth file)
+TEST_INFRA_NAMES = {"conftest.py", "pytest.ini", "tox.ini", "noxfile.py", "sitecustomize.py", "usercustomize.py"}
+# shared settings files: flagged when the lines a patch changes are test settings
+TEST_SETTINGS_FILES = {"setup.cfg", "pyproject.toml"}
+_TEST_SETTINGS = re.compile(r"pytest|tox|addopts|testpaths|python_files|python_functions|\[tool:", re.I)
+
+
+def patched_files(patch: str) -> dict[str, str]:
+    """Each file a patch touches -> the lines it adds and removes."""
+    out: dict[str, str] = {}
+    current = None
+    for line in patch.splitlines():
+        m = re.match(r"diff --git a/(\S+) b/(\S+)", line)
+        if m:
+            current = m.group(2)
+            out.setdefault(current, "")
+        elif current and line[:1] in "+-" and not line.startswith(("+++", "---")):
+            out[current] += line[1:] + "\n"
+    return out
+
+
+def test_infra_edits(task: Task, patch: str) -> list[str]:
+    """The files of `patch` that change how the task's tests run and that its test patch does
+    not name: conftest.py and the like, test settings in setup.cfg / pyproject.toml, .pth
+    files, and any file under the tests' directories."""
+    named = set(modified_files(task.test_patch)) | {m[1] for m in re.findall(r"diff --git a/(\S+) b/(\S+)", task.test_patch)}
+    test_dirs = {str(PurePosixPath(f).parent) for f in list(named) + task.test_files} - {"."}
+    flagged = []
+    for path, changed in patched_files(patch).items():
+        if path in named:
+            continue
+        p = PurePosixPath(path)
+        if (p.name in TEST_INFRA_NAMES or p.suffix == ".pth"
+                or (p.name in TEST_SETTINGS_FILES and _TEST_SETTINGS.search(changed))
+                or any(d == str(p.parent) or str(p.parent).startswith(d + "/") for d in test_dirs)):
+            flagged.append(path)
+    return flagged
+
+
+test_infra_edits.__test__ = False  # not a test, for pytest, where a test module imports it by name
+
+
 def start_of(task: Task) -> str:
     """The revision the agent's work is diffed against and grading resets to."""
     return START_REF if task.setup_script else task.base_commit
@@ -115,11 +159,15 @@ def test_spec_for(task: Task):
 
 @register_env("swe")
 class SWEEnv:
-    """SWE-bench-style tasks. `test_timeout_s` bounds one run of a task's tests."""
+    """SWE-bench-style tasks. `test_timeout_s` bounds one run of a task's tests;
+    `reject_test_edits`: a patch that edits test infrastructure the task does not name
+    (`test_infra_edits`) is graded unresolved, said why (it is flagged either way)."""
 
-    def __init__(self, image: str = DEFAULT_IMAGE, test_timeout_s: float = 300.0, prompt_file: str | None = None):
+    def __init__(self, image: str = DEFAULT_IMAGE, test_timeout_s: float = 300.0, prompt_file: str | None = None,
+                 reject_test_edits: bool = False):
         self.default_image = image
         self.test_timeout_s = test_timeout_s
+        self.reject_test_edits = reject_test_edits
         self.prompt_template = Path(prompt_file or PROMPT_FILE).read_text()
 
     def image_for(self, task: Task) -> str:
@@ -177,6 +225,11 @@ class SWEEnv:
         if patch is None:
             patch = self.patch_of(task, sandbox)
         result = GradeResult(task.instance_id, resolved=False, patch_applied=False, empty_patch=not patch.strip())
+        result.test_edits = test_infra_edits(task, patch)
+        if result.test_edits and self.reject_test_edits:
+            result.error = "the patch edits test infrastructure the task does not name: " + ", ".join(result.test_edits)
+            result.duration_s = time.monotonic() - start
+            return result
         base = shlex.quote(start_of(task))
         r = sandbox.exec(f"git reset -q --hard {base} && git clean -fdq", timeout=120)
         if not r.ok:

@@ -119,3 +119,30 @@ def test_apply_commands_are_swebenchs():
     from envs.swe import APPLY_CMDS
 
     assert [c.removesuffix(" {p}") for c in APPLY_CMDS] == GIT_APPLY_CMDS
+
+
+def test_edits_to_test_infrastructure_are_flagged_and_rejected_in_training(make_sandbox, calc_task):
+    """A conftest.py that turns every test's report into a pass: flagged in eval (graded as
+    SWE-bench grades it), graded unresolved with the reason when the env rejects test edits."""
+    from dataclasses import replace
+
+    from envs.swe import test_infra_edits
+
+    conftest = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+    hack = unified_patch("conftest.py", "", conftest).replace("--- a/conftest.py", "--- /dev/null")
+    hack = hack.replace("diff --git a/conftest.py b/conftest.py\n", "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n")
+    r = grade(make_sandbox, calc_task, hack)
+    assert r.test_edits == ["conftest.py"] and r.resolved  # the hack pays where nothing rejects it
+    r = grade(make_sandbox, calc_task, hack, reject_test_edits=True)
+    assert not r.resolved and "test infrastructure the task does not name: conftest.py" in r.error
+    r = grade(make_sandbox, calc_task, calc_task.patch, reject_test_edits=True)
+    assert r.resolved and r.test_edits == []
+    # settings files count when the lines changed are test settings; files under the tests' directories count
+    task = replace(calc_task, FAIL_TO_PASS=["tests/test_a.py::t"], PASS_TO_PASS=[], test_patch="")
+    setting = "diff --git a/setup.cfg b/setup.cfg\n--- a/setup.cfg\n+++ b/setup.cfg\n@@ -1 +1,2 @@\n [tool:pytest]\n+addopts = -p hack\n"
+    other = "diff --git a/setup.cfg b/setup.cfg\n--- a/setup.cfg\n+++ b/setup.cfg\n@@ -1 +1 @@\n-version = 1\n+version = 2\n"
+    helper = "diff --git a/tests/helpers.py b/tests/helpers.py\n--- a/tests/helpers.py\n+++ b/tests/helpers.py\n@@ -1 +1 @@\n-a\n+b\n"
+    pth = "diff --git a/hack.pth b/hack.pth\nnew file mode 100644\n--- /dev/null\n+++ b/hack.pth\n@@ -0,0 +1 @@\n+import os\n"
+    assert test_infra_edits(task, setting + other) == ["setup.cfg"] and test_infra_edits(task, other) == []
+    assert test_infra_edits(task, helper + pth) == ["tests/helpers.py", "hack.pth"]

@@ -245,6 +245,8 @@ class Orchestrator:
             "rollout/errors": float(self.rollout_errors),
             "rollout/lost": float(self.rollouts_lost),
             "rollout/turns_mean": sum(t.turns for t in batch) / len(batch),
+            # patches that edit test infrastructure the task does not name (rejected with env.reject_test_edits)
+            "rollout/test_edits_frac": sum(bool(t.info.get("grade", {}).get("test_edits")) for t in batch) / len(batch),
             "engine/version": float(self.engine.version),
             "engine/batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0),  # requests decoded together
         })
