@@ -16,6 +16,7 @@ class Limits:
     memory_mb: int = 2048
     cpus: float = 1.0
     pids: int = 512
+    nofile: int = 4096  # open files per process
     output_bytes: int = 64_000  # per exec, head and tail kept
     default_timeout_s: float = 120.0
 

@@ -28,6 +28,10 @@ import docker.errors
 from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError
 
 log = logging.getLogger(__name__)
+# The capabilities a sandbox keeps (Docker's default set has 14): CHOWN, DAC_OVERRIDE, FOWNER
+# and FSETID for root's work on files another user owns (package managers, repositories cloned
+# by another uid, git setting modes), KILL to stop what a command left behind whoever owns it.
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL")
 
 LABEL = "sao.sandbox"
 DEFAULT_IMAGE = "sao-sandbox:bookworm"
@@ -92,6 +96,13 @@ class DockerSandbox:
                 memswap_limit=f"{limits.memory_mb}m",  # no swap: a memory hog is killed, not slowed
                 nano_cpus=int(limits.cpus * 1e9),
                 pids_limit=limits.pids,
+                # every capability dropped but those root needs on files it does not own (repos
+                # cloned by another user, modes git sets) and to stop processes of another user;
+                # no raw sockets, no mknod, no chroot; setuid binaries grant nothing
+                cap_drop=["ALL"],
+                cap_add=list(CAPABILITIES),
+                security_opt=["no-new-privileges"],
+                ulimits=[docker.types.Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile)],
                 working_dir=workdir,
                 labels=labels,
                 environment=environment,
@@ -154,10 +165,10 @@ class DockerSandbox:
         exit_code = api.exec_inspect(exec_id).get("ExitCode")
         exit_code = -1 if exit_code is None else int(exit_code)
         timed_out = host_killed or (exit_code in (_TIMEOUT_EXIT, 137) and duration >= timeout * 0.98)
-        # Background processes do not outlive their command (this is what stops a fork bomb).
+        # Background processes do not outlive their command (this is what stops a fork bomb), nor
+        # do those that left its process group (daemons, setsid): nothing runs between commands.
         self._kill_group(pgid_file)
-        if timed_out:
-            self._kill_all()  # leftovers that left the process group (daemons, setsid)
+        self._kill_all()
         output, truncated = cap.text()
         oom = exit_code == 137 and not timed_out and self._oom_count_grew()
         return ExecResult(exit_code, output, timed_out, truncated, oom, duration)

@@ -195,3 +195,31 @@ def test_a_pull_holds_up_only_its_own_image(docker_client, monkeypatch):
         if other.ident is not None:
             other.join(60)  # its sandbox is closed before the pool sweeps
         pool.close()
+
+
+def test_privileges_are_dropped(make_sandbox):
+    """Root in the sandbox keeps only the capabilities it needs: no raw sockets, no new
+    privileges through setuid binaries, a bounded count of open files."""
+    sb = make_sandbox()
+    status = sb.exec("grep -E '^(NoNewPrivs|CapEff)' /proc/self/status; ulimit -n", timeout=30).output
+    assert "NoNewPrivs:\t1" in status and status.split()[-1] == "4096"
+    cap_eff = int(status.split("CapEff:")[1].split()[0], 16)
+    kept = {0: "CHOWN", 1: "DAC_OVERRIDE", 3: "FOWNER", 4: "FSETID", 5: "KILL"}
+    assert {bit for bit in range(64) if cap_eff >> bit & 1} == set(kept)
+    raw = sb.exec("python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'", timeout=30)
+    assert raw.exit_code != 0 and "Operation not permitted" in raw.output
+    # the work a task needs still works: files, git, pytest
+    ok = sb.exec("mkdir -p /testbed/x && cd /testbed/x && git init -q && echo 'def test_a(): pass' > test_a.py && "
+                 "python3 -m pytest -q test_a.py", timeout=60)
+    assert ok.ok, ok.output
+
+
+def test_nothing_a_command_started_outlives_it(make_sandbox):
+    """Background jobs, nohup and setsid daemons are killed when their command returns."""
+    sb = make_sandbox()
+    r = sb.exec("sleep 1000 & nohup sleep 1001 >/dev/null 2>&1 & setsid sleep 1002 & "
+                "setsid bash -c 'sleep 1003 & disown' ; echo started", timeout=30)
+    assert r.ok and "started" in r.output
+    left = sb.exec("ps -eo args= | grep -c '^sleep 100[0-3]' || true", timeout=30).output.strip()
+    assert left == "0", sb.exec("ps -ef", timeout=30).output
+    assert sb.exec("echo still here", timeout=30).output.strip() == "still here"  # the sandbox itself goes on
