@@ -153,8 +153,8 @@ def describe_exec(result: ExecResult, timeout_s: float) -> str:
     """What the model sees of a command: its output, then how it ended unless it simply succeeded."""
     if result.timed_out:
         status = f"the command timed out: killed after {timeout_s:g}s"
-    elif result.oom_killed:
-        status = "killed: out of memory (the sandbox's memory limit was reached)"
+    elif result.oom_killed or result.disk_full_mb:
+        status = result.describe()
     else:
         status = f"exit code {result.exit_code}"
     body = result.output.rstrip("\n")

@@ -17,6 +17,7 @@ class Limits:
     cpus: float = 1.0
     pids: int = 512
     nofile: int = 4096  # open files per process
+    disk_mb: int = 4096  # what a sandbox may write (its writable layer: the workspace, /tmp, installs)
     output_bytes: int = 64_000  # per exec, head and tail kept
     default_timeout_s: float = 120.0
 
@@ -31,15 +32,19 @@ class ExecResult:
     truncated: bool = False
     oom_killed: bool = False
     duration_s: float = 0.0
+    disk_full_mb: int = 0  # the disk limit, when the command was stopped for passing it (or left it passed)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.disk_full_mb
 
     def describe(self) -> str:
         """One line a person (or a model) can read about how the command ended."""
         if self.timed_out:
             return f"timed out after {self.duration_s:.1f}s and was killed"
+        if self.disk_full_mb:
+            return (f"stopped: the sandbox's disk limit ({self.disk_full_mb} MB written) was passed; "
+                    "delete what was written to go on")
         if self.oom_killed:
             return "killed: out of memory (the sandbox's memory limit was reached)"
         return f"exit code {self.exit_code}"

@@ -36,6 +36,7 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL")
 LABEL = "sao.sandbox"
 DEFAULT_IMAGE = "sao-sandbox:bookworm"
 # The host waits this long past a command's own timeout before it kills every process itself.
+DISK_POLL_S = 1.0
 HOST_GRACE_S = 10.0
 _TIMEOUT_EXIT = 124  # GNU timeout's status when it had to stop the command
 _DIFF_LIMIT = 20_000_000
@@ -156,8 +157,17 @@ class DockerSandbox:
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        reader.join(timeout + HOST_GRACE_S)
-        host_killed = reader.is_alive()
+        # the writable layer is watched while the command runs: a command filling the disk is
+        # stopped within DISK_POLL_S (overlay2 on most filesystems has no size limit of its own)
+        deadline, disk_full = start + timeout + HOST_GRACE_S, False
+        while reader.is_alive() and time.monotonic() < deadline:
+            reader.join(min(DISK_POLL_S, max(0.0, deadline - time.monotonic())))
+            if reader.is_alive() and self._over_disk():
+                disk_full = True
+                self._kill_all()
+                reader.join(5)
+                break
+        host_killed = reader.is_alive() and not disk_full
         if host_killed:  # the in-container timeout did not stop it: stop everything but init
             self._kill_all()
             reader.join(5)
@@ -170,8 +180,19 @@ class DockerSandbox:
         self._kill_group(pgid_file)
         self._kill_all()
         output, truncated = cap.text()
-        oom = exit_code == 137 and not timed_out and self._oom_count_grew()
-        return ExecResult(exit_code, output, timed_out, truncated, oom, duration)
+        disk_full = disk_full or self._over_disk()
+        oom = exit_code == 137 and not timed_out and not disk_full and self._oom_count_grew()
+        return ExecResult(exit_code, output, timed_out and not disk_full, truncated, oom, duration,
+                          disk_full_mb=self.limits.disk_mb if disk_full else 0)
+
+    def _over_disk(self) -> bool:
+        """True when what the sandbox wrote (its writable layer) passes `limits.disk_mb`."""
+        api = self._client.api
+        try:
+            info = api._result(api._get(api._url("/containers/{0}/json", self.id), params={"size": 1}), True)
+        except (docker.errors.APIError, OSError):
+            return False
+        return (info.get("SizeRw") or 0) > self.limits.disk_mb * 2**20
 
     def _kill_group(self, pgid_file: str) -> None:
         # Kill again until the group is empty: children forked mid-kill escape one round. Only

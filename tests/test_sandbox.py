@@ -223,3 +223,12 @@ def test_nothing_a_command_started_outlives_it(make_sandbox):
     left = sb.exec("ps -eo args= | grep -c '^sleep 100[0-3]' || true", timeout=30).output.strip()
     assert left == "0", sb.exec("ps -ef", timeout=30).output
     assert sb.exec("echo still here", timeout=30).output.strip() == "still here"  # the sandbox itself goes on
+
+
+def test_a_command_filling_the_disk_is_stopped_and_said(make_sandbox):
+    sb = make_sandbox(disk_mb=100)
+    r = sb.exec("dd if=/dev/zero of=/testbed/big bs=1M count=3000 status=none; echo wrote", timeout=120)
+    assert r.disk_full_mb == 100 and not r.ok and "disk limit (100 MB written) was passed" in r.describe()
+    size = int(sb.exec("stat -c %s /testbed/big", timeout=30).output.split()[-1])
+    assert size < 1500 * 2**20  # stopped long before the 3 GB it asked for
+    assert sb.exec("rm /testbed/big && echo freed", timeout=30).ok  # the agent can clean up and go on
