@@ -247,6 +247,13 @@ class ToolBox:
                 f"{path!r} is outside the workspace (it resolves to {full}); "
                 f"use a path under {root}, absolute or relative to {root}"
             )
+        # and through links: a symlink in the workspace may point anywhere
+        # (the workspace itself may be a link: SWE-Next's /testbed is /workspace)
+        out = self.sandbox.exec(f"realpath -m -- {shlex.quote(root)} {shlex.quote(full)}", timeout=30).output.split("\n")
+        real_root, real = (out[0].strip(), out[1].strip()) if len(out) > 1 else (root, full)
+        if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
+            raise ToolError(f"{path!r} leads out of the workspace through a symbolic link (to {real}); "
+                            f"use a path under {root}")
         return full
 
     def _kind(self, path: str) -> str:

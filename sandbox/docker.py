@@ -209,7 +209,17 @@ class DockerSandbox:
             except docker.errors.APIError:
                 pass
             time.sleep(0.1 * (attempt + 1))
+            if attempt == 2 and not self._running():
+                raise SandboxError(f"sandbox {self.id[:12]} stopped: its container exited during the command "
+                                   "(its keep-alive process was killed)")
         raise SandboxError(f"could not stop the processes left by a command in sandbox {self.id[:12]}")
+
+    def _running(self) -> bool:
+        try:
+            self._container.reload()
+            return self._container.status == "running"
+        except docker.errors.APIError:
+            return False
 
     def _kill_all(self) -> None:
         """SIGKILL every process but init, the keep-alive and this killer (and its pipeline)."""
