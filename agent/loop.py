@@ -17,7 +17,7 @@ from agent.engines.base import Engine, SamplingParams, session
 from agent.tools import DEFAULT_TOOLS, ToolBox
 from agent.trajectory import Trajectory
 from envs.base import Env, Task
-from sandbox.base import Sandbox, SandboxError
+from sandbox.base import Sandbox, SandboxError, SandboxKilled
 
 # the wall-time limit's clock (a test sets its own: a loaded machine would make real time flaky)
 clock = time.monotonic
@@ -120,6 +120,9 @@ class Agent:
             traj.exit_reason = e.reason
             if e.detail:
                 traj.info["exit_detail"] = e.detail
+        except SandboxKilled as e:  # before SandboxError, its base
+            traj.exit_reason = "sandbox_killed"
+            traj.info["error"] = str(e)
         except SandboxError as e:
             traj.exit_reason = "sandbox_error"
             traj.info["error"] = str(e)

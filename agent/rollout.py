@@ -42,6 +42,9 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
         traj = agent.run(task, env, sb, seed=seed)
         if traj.exit_reason == "sandbox_error":
             return traj
+        if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
+            traj.reward = 0.0
+            return traj
         t0 = time.monotonic()
         if patch_of is None:
             result = env.grade(task, sb)

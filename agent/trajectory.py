@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-EXIT_REASONS = ("submitted", "max_turns", "context_full", "timeout", "format_errors", "sandbox_error")
+# sandbox_killed: a command stopped its own sandbox (the policy's doing: reward 0, trained on);
+# sandbox_error: the infrastructure failed (no reward to learn from: not trained on)
+EXIT_REASONS = ("submitted", "max_turns", "context_full", "timeout", "format_errors", "sandbox_killed", "sandbox_error")
 
 
 @dataclass

@@ -119,7 +119,7 @@ def run_job(agent: Agent, task: Task, env: Env, pool: SandboxPool, out: Path, ru
     try:
         with pool.sandbox(env.image_for(task)) as sb:
             traj = agent.run(task, env, sb, seed=rollout_seed(seed, run, task.instance_id))
-            patch = sb.diff(start_of(task)) if traj.exit_reason != "sandbox_error" else ""
+            patch = sb.diff(start_of(task)) if traj.exit_reason not in ("sandbox_error", "sandbox_killed") else ""
         record.exit_reason, record.turns = traj.exit_reason, traj.turns
         record.tokens, record.sampled_tokens, record.model_patch = traj.num_tokens, traj.num_sampled, patch
         traj.info.update(model=model_name, run=run, model_patch=patch)

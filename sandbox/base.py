@@ -54,6 +54,11 @@ class SandboxError(RuntimeError):
     """An infrastructure fault (engine down, container gone), not a failing command."""
 
 
+class SandboxKilled(SandboxError):
+    """The sandbox's container stopped during a command while the engine is fine: the command
+    killed it (its keep-alive process). The policy's doing, not the infrastructure's."""
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     workdir: str

@@ -25,7 +25,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError
+from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError, SandboxKilled
 
 log = logging.getLogger(__name__)
 # The capabilities a sandbox keeps (Docker's default set has 14): CHOWN, DAC_OVERRIDE, FOWNER
@@ -209,17 +209,18 @@ class DockerSandbox:
             except docker.errors.APIError:
                 pass
             time.sleep(0.1 * (attempt + 1))
-            if attempt == 2 and not self._running():
-                raise SandboxError(f"sandbox {self.id[:12]} stopped: its container exited during the command "
-                                   "(its keep-alive process was killed)")
+            if attempt == 2 and self._status() in ("exited", "dead"):  # the engine answers: the command did it
+                raise SandboxKilled(f"sandbox {self.id[:12]} stopped: its container exited during the command "
+                                    "(its keep-alive process was killed)")
         raise SandboxError(f"could not stop the processes left by a command in sandbox {self.id[:12]}")
 
-    def _running(self) -> bool:
+    def _status(self) -> str | None:
+        """The container's state as the engine says it; None when the engine does not answer."""
         try:
             self._container.reload()
-            return self._container.status == "running"
-        except docker.errors.APIError:
-            return False
+            return self._container.status
+        except (docker.errors.APIError, OSError):
+            return None
 
     def _kill_all(self) -> None:
         """SIGKILL every process but init, the keep-alive and this killer (and its pipeline)."""

@@ -17,7 +17,7 @@ from agent.tiny_model import build_tiny_model
 from agent.tools import ToolBox, ToolError
 from conftest import RUN_ID
 from envs.swe import SWEEnv
-from sandbox.base import SandboxError
+from sandbox.base import SandboxKilled
 from sandbox.pool import SandboxPool
 from test_agent_loop import ScriptedEngine, call
 
@@ -64,18 +64,23 @@ def test_an_infinite_loop_and_a_closed_output_end_cleanly(make_sandbox):
     assert sb.exec("echo still here", timeout=30).output.strip() == "still here"
 
 
-def test_killing_the_sandbox_s_init_is_an_infrastructure_error_and_leaks_nothing(docker_client):
+def test_killing_the_sandbox_is_the_policy_s_doing_and_leaks_nothing(docker_client, calc_task, tokenizer):
+    """init ignores SIGKILL; killing the keep-alive stops the container: said as the command's
+    doing (SandboxKilled), and a rollout that does it ends `sandbox_killed` with reward 0 (it is
+    trained on: stopping the sandbox is no way out of a bad reward), the container removed."""
     from sandbox.docker import DockerSandbox
 
     sb = DockerSandbox(run_id=RUN_ID)
     try:
-        assert sb.exec("kill -9 1; echo init lives", timeout=30).output.strip() == "init lives"  # init ignores it
-        with pytest.raises(SandboxError, match="stopped"):
+        assert sb.exec("kill -9 1; echo init lives", timeout=30).output.strip() == "init lives"
+        with pytest.raises(SandboxKilled, match="stopped"):
             sb.exec("kill -9 $(pgrep -x sleep); sleep 2; echo after", timeout=30)
-            sb.exec("echo next", timeout=30)
     finally:
         sb.close()
     assert not docker_client.containers.list(all=True, filters={"id": sb.id})
+    agent = Agent(ScriptedEngine(tokenizer, [call("bash", command="kill -9 $(pgrep -x sleep)"), call("submit")]), tokenizer)
+    traj = rollout_and_grade(agent, calc_task, SWEEnv(), SandboxPool(RUN_ID, max_live=2))
+    assert traj.exit_reason == "sandbox_killed" and traj.reward == 0.0
 
 
 # ---- reward hacks: graded as training grades, each earns 0 ----

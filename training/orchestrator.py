@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from agent.loop import Agent
 from agent.rollout import rollout_and_grade
-from agent.trajectory import Trajectory
+from agent.trajectory import EXIT_REASONS, Trajectory
 from envs.base import Env, Task
 from sandbox.pool import SandboxPool
 from training.buffer import RolloutStream
@@ -251,7 +251,7 @@ class Orchestrator:
             "engine/batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0),  # requests decoded together
         })
         metrics.update(self.engine.metrics() if hasattr(self.engine, "metrics") else {})
-        for reason in ("submitted", "max_turns", "context_full", "timeout", "format_errors", "sandbox_error"):
+        for reason in EXIT_REASONS:
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
         self.on_step(self.step, metrics, batch)
 
