@@ -66,3 +66,13 @@ def test_engine_continuous_benchmark_runs_both_engines(tmp_path):
 def test_gpu_engine_check_says_it_needs_a_gpu():
     r = run("benchmarks.gpu_engine_check")
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+
+
+@pytest.mark.docker
+def test_grading_cost_benchmark_grades_both_ways(tmp_path, docker_client):
+    out = tmp_path / "grading_cost.json"
+    r = run("benchmarks.grading_cost", "--quick", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["rollouts"] == 2 and result["verdicts_agree"] == 2  # both ways judge alike
+    assert result["in_place_mean_s"] > 0 and result["fresh_mean_s"] > 0

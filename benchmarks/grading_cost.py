@@ -1,0 +1,85 @@
+"""What grading in a fresh sandbox costs per rollout, beside grading in the rollout's own sandbox,
+side by side on the same tasks and patches.
+
+    python -m benchmarks.grading_cost [--tasks 8] [--repeats 2] [--quick] [--output FILE]
+
+For each built-in SWE task (its gold patch applied in the workspace, as an agent's edit would
+leave it): `in place` is the old way (the workspace's diff graded in the sandbox the agent
+used); `fresh` is training's way now (the diff taken, then a new sandbox from the task's image,
+its reset and the grading there). Prints mean and p95 seconds per rollout of each, the added
+seconds and the ratio; the numbers go as JSON to stdout's last line and to `--output`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from envs.builtin import load_builtin_tasks
+from envs.swe import SWEEnv
+from sandbox.pool import SandboxPool
+
+
+def _p95(xs: list[float]) -> float:
+    return sorted(xs)[max(0, int(round(0.95 * len(xs))) - 1)]
+
+
+def measure(n_tasks: int, repeats: int) -> dict:
+    env, pool = SWEEnv(), SandboxPool(f"bench-grading-{uuid.uuid4().hex[:6]}", max_live=2)
+    tasks = load_builtin_tasks()[:n_tasks]
+    in_place, fresh, agree = [], [], 0
+    for _ in range(repeats):
+        for task in tasks:
+            with pool.sandbox(env.image_for(task)) as sb:
+                env.reset(task, sb)
+                env._apply(sb, task.patch)  # the agent's edit, left in the workspace
+                t0 = time.monotonic()
+                a = env.grade(task, sb)
+                in_place.append(time.monotonic() - t0)
+            with pool.sandbox(env.image_for(task)) as sb:
+                env.reset(task, sb)
+                env._apply(sb, task.patch)
+                t0 = time.monotonic()
+                patch = env.patch_of(task, sb)
+            with pool.sandbox(env.image_for(task)) as clean:
+                env.reset(task, clean)
+                b = env.grade(task, clean, patch)
+            fresh.append(time.monotonic() - t0)
+            agree += a.resolved == b.resolved
+    out = {"rollouts": len(in_place), "in_place_mean_s": statistics.mean(in_place), "in_place_p95_s": _p95(in_place),
+           "fresh_mean_s": statistics.mean(fresh), "fresh_p95_s": _p95(fresh), "verdicts_agree": agree}
+    out["added_mean_s"] = out["fresh_mean_s"] - out["in_place_mean_s"]
+    out["ratio"] = out["fresh_mean_s"] / out["in_place_mean_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.grading_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="2 tasks once (for the test)")
+    p.add_argument("--output", type=Path)
+    args = p.parse_args(argv)
+    result = measure(2, 1) if args.quick else measure(args.tasks, args.repeats)
+    table = Table("grading", "mean s", "p95 s", title=f"{result['rollouts']} rollouts (built-in tasks, gold patches)")
+    table.add_row("in place (the agent's sandbox)", f"{result['in_place_mean_s']:.2f}", f"{result['in_place_p95_s']:.2f}")
+    table.add_row("fresh sandbox (training now)", f"{result['fresh_mean_s']:.2f}", f"{result['fresh_p95_s']:.2f}")
+    Console(stderr=True).print(table)
+    Console(stderr=True).print(f"added {result['added_mean_s']:.2f} s per rollout, x{result['ratio']:.2f}; "
+                               f"verdicts agree on {result['verdicts_agree']} of {result['rollouts']}")
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return 0 if result["verdicts_agree"] == result["rollouts"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
