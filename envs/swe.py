@@ -95,9 +95,11 @@ def patched_files(patch: str) -> dict[str, str]:
 def test_infra_edits(task: Task, patch: str) -> list[str]:
     """The files of `patch` that change how the task's tests run and that its test patch does
     not name: conftest.py and the like, test settings in setup.cfg / pyproject.toml, .pth
-    files, and any file under the tests' directories."""
+    files, and any file under the tests' directories (those named for tests)."""
     named = set(modified_files(task.test_patch)) | {m[1] for m in re.findall(r"diff --git a/(\S+) b/(\S+)", task.test_patch)}
-    test_dirs = {str(PurePosixPath(f).parent) for f in list(named) + task.test_files} - {"."}
+    # the tests' own directories (`tests/`, `pkg/tests/`), not a package whose tests sit beside its code
+    test_dirs = {str(PurePosixPath(f).parent) for f in list(named) + task.test_files
+                 if "test" in PurePosixPath(f).parent.name.lower()}
     flagged = []
     for path, changed in patched_files(patch).items():
         if path in named:

@@ -146,3 +146,5 @@ def test_edits_to_test_infrastructure_are_flagged_and_rejected_in_training(make_
     pth = "diff --git a/hack.pth b/hack.pth\nnew file mode 100644\n--- /dev/null\n+++ b/hack.pth\n@@ -0,0 +1 @@\n+import os\n"
     assert test_infra_edits(task, setting + other) == ["setup.cfg"] and test_infra_edits(task, other) == []
     assert test_infra_edits(task, helper + pth) == ["tests/helpers.py", "hack.pth"]
+    beside = replace(task, FAIL_TO_PASS=["pkg/test_mod.py::t"])  # tests beside the code: the code is no test file
+    assert test_infra_edits(beside, helper.replace("tests/helpers.py", "pkg/mod.py")) == []
