@@ -114,3 +114,23 @@ def test_metrics_give_the_batch_staleness_histogram_and_queue_depth():
     assert (m["staleness/hist_0"], m["staleness/hist_1"], m["staleness/hist_2"], m["staleness/hist_over"]) == (1, 2, 0, 1)
     assert m["staleness/mean"] == (0 + 1 + 1 + 5) / 4 and m["staleness/max"] == 5
     assert m["stream/queue_depth"] == 1 and m["stream/in_flight"] == 1 and m["stream/kept_stale"] == 1
+
+
+def test_a_cancelled_take_puts_its_rollouts_back_for_the_checkpoint():
+    """The run is stopped while the learner waits for a batch: the rollouts the take had
+    gathered are queued again, in order, so the checkpoint keeps them."""
+    async def main():
+        s = RolloutStream(max_in_flight=10)
+        for i in range(2):
+            await s.reserve()
+            await s.push(traj(f"t{i}", 0))
+        take = asyncio.create_task(s.take(current_version=0, count=4))
+        await asyncio.sleep(0.05)  # it holds t0 and t1, waiting for two more
+        assert s.depth == 0
+        take.cancel()
+        await asyncio.gather(take, return_exceptions=True)
+        return s
+
+    s = asyncio.run(main())
+    assert s.depth == 2 and s.counts["taken"] == 0
+    assert [g[0]["instance_id"] for g in s.state_dict()["queue"]] == ["t0", "t1"]

@@ -1,11 +1,12 @@
 """runtime=ray on a Ray cluster the test starts on 127.0.0.1 (a head and a second node process):
 two vLLM CPU engine replicas behind the router, the torch learner on two ranks, four rollout
-workers; an engine replica and a rollout worker killed mid-run. The run finishes; both replicas
-served; the engines' logprobs on freshly sampled tokens match the learner's after every sync;
+workers; an engine replica and a rollout worker killed mid-run. The run goes on until the
+replica is back, then stops cleanly on SIGTERM; both replicas served; the engines' logprobs on freshly sampled tokens match the learner's after every sync;
 no rollout is trained twice or lost to the kills; no container is left."""
 
 import json
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -67,7 +68,7 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.run", "+debug=tiny", "runtime=ray", f"ray.address={cluster}",
            "ray.node_ip_address=127.0.0.1", "engine=vllm", "engine.replicas=2", "ray.learner_ranks=2",
-           "ray.rollout_actors=4", "trainer.num_workers=4", "trainer.batch_size=8", "trainer.max_steps=40",
+           "ray.rollout_actors=4", "trainer.num_workers=4", "trainer.batch_size=8", "trainer.max_steps=500",
            "trainer.checkpoint_every=10", "model.algo_overrides.critic_warmup_steps=0", f"output_dir={out}",
            f"run_id={RUN_ID}"]
     run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -83,17 +84,29 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
                 ) % (cluster, f"sao-{RUN_ID}")
         killed = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=120)
         assert killed.returncode == 0, killed.stderr[-3000:]
+        deadline = time.monotonic() + 900
+        # the run goes on until the replica is back (Ray restarts it: 50 to 120 s here, more when
+        # the machine is loaded) and has taken 20 steps, then is stopped as a scheduler would
+        while run.poll() is None and time.monotonic() < deadline:
+            last = (rows(out) or [{}])[-1]
+            if last.get("engine/restarts", 0) >= 1 and last["engine/replicas_alive"] == 2 and last["step"] >= 20:
+                break
+            time.sleep(1)
+        assert run.poll() is None, run.stderr.read()[-4000:]
+        last = rows(out)[-1]
+        assert last["engine/restarts"] >= 1, f"the killed replica was not back within 15 minutes: {last}"
+        run.send_signal(signal.SIGTERM)
         _, err = run.communicate(timeout=900)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 0, err[-4000:]
+    assert run.returncode == 128 + signal.SIGTERM, err[-4000:]
     assert "ray: 2 node(s)" in err and "rollout workers on 2 node(s)" in err
     metrics = rows(out)
     last = metrics[-1]
-    assert [m["step"] for m in metrics] == list(range(1, 41))
-    # both replicas served, one was restarted (50 to 120 s on this machine, loaded: the run lasts longer) and
-    # given the weights the other serves
+    n = last["step"]
+    assert [m["step"] for m in metrics] == list(range(1, n + 1)) and f"stopped at step {n} on SIGTERM" in err
+    # both replicas served, one was restarted and given the weights the other serves
     assert last["engine/replica0/requests"] > 0 and last["engine/replica1/requests"] > 0
     assert last["engine/restarts"] >= 1 and last["engine/replicas_alive"] == 2
     assert last["engine/version"] == last["learner/version"] >= 10
@@ -102,10 +115,10 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
     assert last["rollout/lost"] >= 1 and last["rollout/errors"] == 0
     trained = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     keys = [t["key"] for t in trained]
-    assert len(keys) == len(set(keys)) == 40 * 8
+    assert len(keys) == len(set(keys)) == n * 8
     # engine and learner agree on tokens the current weights sampled (fp32 on both sides)
     fresh = [m["sao/logprob_mismatch_fresh"] for m in metrics if m.get("sao/logprob_mismatch_fresh") is not None]
-    assert len(fresh) >= 10 and max(fresh) < 1e-4
+    assert len(fresh) >= 5 and max(fresh) < 1e-4
     assert all(m["learner/replica_spread"] == 0 for m in metrics)  # the two learner ranks stay identical
     left = docker_client.containers.list(all=True, filters={"label": "sao.sandbox=1"})
     assert not [c for c in left if (c.labels.get("sao.run_id") or "").startswith(RUN_ID)]

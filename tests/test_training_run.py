@@ -111,6 +111,31 @@ def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, dock
     assert len(set(range(sampler["drawn"])) - accounted) <= dropped
 
 
+def test_sigterm_stops_after_the_step_under_way_and_keeps_it(tmp_path, docker_client):
+    """A scheduler's preemption: the step under way ends, a checkpoint of it is written, the
+    exit code says which signal (128 + 15), and the same command goes on from there."""
+    out = tmp_path / "run"
+    proc = train(out, "trainer.max_steps=50", "trainer.checkpoint_every=1000", "held_out=null", wait=False)
+    deadline = time.time() + 600
+    while not (out / "metrics.jsonl").exists() or not steps(out):
+        assert proc.poll() is None, proc.stderr.read()[-4000:]
+        assert time.time() < deadline, "no step within 10 minutes"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-4000:]
+    stopped = steps(out)[-1]
+    assert stopped < 50 and f"stopped at step {stopped} on SIGTERM" in err.replace("\n", "")
+    assert (out / "checkpoints" / f"step_{stopped}" / "run_state.json").exists()
+    left = docker_client.containers.list(all=True, filters={"label": f"sao.run_id={RUN_ID}"})
+    assert not left
+    r = train(out, f"trainer.max_steps={stopped + 1}", "trainer.checkpoint_every=1000", "held_out=null")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert steps(out) == list(range(1, stopped + 2))
+    state = json.loads((out / "checkpoints" / f"step_{stopped + 1}" / "run_state.json").read_text())
+    assert state["stream"]["counts"]["taken"] == (stopped + 1) * 4 == len(state["stream"]["consumed_ids"])
+
+
 @pytest.mark.parametrize("overrides", [["algo=grpo", "algo.group_size=2"], ["trainer.mode=sync"]])
 def test_grpo_and_sync_mode_run_in_the_same_pipeline(tmp_path, docker_client, overrides):
     out = tmp_path / "run"

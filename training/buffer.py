@@ -72,27 +72,35 @@ class RolloutStream:
         dropped or kept according to the policy, and counted either way."""
         assert count or token_budget, "take needs a count or a token budget"
         batch: list[Trajectory] = []
+        groups: list[list[Trajectory]] = []  # put back if the take is cancelled (the run stops)
         tokens = 0
         async with self._changed:
-            while True:
-                await self._changed.wait_for(lambda: bool(self._queue))
-                while self._queue:
-                    group = self._queue[0]
-                    size = sum(t.num_tokens for t in group)
-                    if batch and token_budget and tokens + size > token_budget:
-                        return self._taken(batch, current_version)
-                    self._queue.popleft()
-                    self._in_flight -= len(group)
-                    if max(staleness(t, current_version) for t in group) > self.max_staleness:
-                        if self.stale_policy == "drop":
-                            self.counts["dropped_stale"] += len(group)
-                            continue
-                        self.counts["kept_stale"] += len(group)
-                    batch.extend(group)
-                    tokens += size
-                    if (count and len(batch) >= count) or (token_budget and tokens >= token_budget):
-                        return self._taken(batch, current_version)
-                self._changed.notify_all()  # dropped rollouts freed room for workers
+            try:
+                while True:
+                    await self._changed.wait_for(lambda: bool(self._queue))
+                    while self._queue:
+                        group = self._queue[0]
+                        size = sum(t.num_tokens for t in group)
+                        if batch and token_budget and tokens + size > token_budget:
+                            return self._taken(batch, current_version)
+                        self._queue.popleft()
+                        self._in_flight -= len(group)
+                        if max(staleness(t, current_version) for t in group) > self.max_staleness:
+                            if self.stale_policy == "drop":
+                                self.counts["dropped_stale"] += len(group)
+                                continue
+                            self.counts["kept_stale"] += len(group)
+                        batch.extend(group)
+                        groups.append(group)
+                        tokens += size
+                        if (count and len(batch) >= count) or (token_budget and tokens >= token_budget):
+                            return self._taken(batch, current_version)
+                    self._changed.notify_all()  # dropped rollouts freed room for workers
+            except asyncio.CancelledError:
+                for group in reversed(groups):  # queued again, oldest first, for the checkpoint
+                    self._queue.appendleft(group)
+                    self._in_flight += len(group)
+                raise
 
     def _taken(self, batch: list[Trajectory], current_version: int) -> list[Trajectory]:
         for traj in batch:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -177,7 +178,11 @@ class LearnerGroup:
 
 
 def follow(learner) -> None:
-    """A rank > 0's whole job: run rank 0's commands on this replica until it says stop."""
+    """A rank > 0's whole job: run rank 0's commands on this replica until it says stop.
+    A SIGTERM or Ctrl-C (torchrun passes them to every rank) is rank 0's to act on: it saves,
+    with this rank's part, and then says stop."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     while True:
         box = [None]
         dist.broadcast_object_list(box, src=0)

@@ -130,6 +130,19 @@ class Orchestrator:
         self._failed_in_a_row = 0
         self._wait_s = 0.0
         self._start = 0.0
+        self.stop_reason: str | None = None  # set by `request_stop`: the run ends after the step under way
+        self._stop = asyncio.Event()
+
+    def request_stop(self, reason: str) -> None:
+        """End the run cleanly (a signal, say): the step under way finishes, no new one starts,
+        a batch being waited for is not (its rollouts are drawn again on resume)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.warning("stopping after the step under way (%s)", reason)
+        self._stop.set()
+
+    def _going(self) -> bool:
+        return self.step < self.cfg.max_steps and self.stop_reason is None
 
     async def run(self) -> None:
         self._start = time.monotonic()
@@ -137,21 +150,31 @@ class Orchestrator:
         if self.cfg.mode == "async":
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.cfg.num_workers)]
             try:
-                while self.step < self.cfg.max_steps:
+                while self._going():
                     t0 = time.monotonic()
                     batch = await self._take_unless_a_worker_fails(workers)
                     self._wait_s += time.monotonic() - t0
+                    if batch is None:  # asked to stop while waiting
+                        break
                     await self._learn(batch)
             finally:
                 for w in workers:
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
         elif self.cfg.mode == "sync":
-            while self.step < self.cfg.max_steps:
+            while self._going():
                 t0 = time.monotonic()
                 slots = asyncio.Semaphore(self.cfg.num_workers)
                 n_groups = self.cfg.batch_size // self.cfg.group_size
-                groups = await asyncio.gather(*[self._group(slots) for _ in range(n_groups)])
+                gathering = asyncio.gather(*[self._group(slots) for _ in range(n_groups)])
+                stop = asyncio.create_task(self._stop.wait())
+                await asyncio.wait([gathering, stop], return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if not gathering.done():  # asked to stop: the batch's rollouts are drawn again on resume
+                    gathering.cancel()
+                    await asyncio.gather(gathering, return_exceptions=True)
+                    break
+                groups = gathering.result()
                 batch = [t for g in groups if g for t in g]
                 self._wait_s += time.monotonic() - t0  # the learner waits for the whole batch
                 if batch:  # empty only when every rollout of it failed (counted in rollout/errors)
@@ -159,14 +182,20 @@ class Orchestrator:
         else:
             raise ValueError(f"mode must be 'async' or 'sync', got {self.cfg.mode!r}")
 
-    async def _take_unless_a_worker_fails(self, workers: list[asyncio.Task]) -> list[Trajectory]:
-        """The next batch; a worker only ends by raising (too many failures), and then so does this."""
+    async def _take_unless_a_worker_fails(self, workers: list[asyncio.Task]) -> list[Trajectory] | None:
+        """The next batch; a worker only ends by raising (too many failures), and then so does
+        this. None if the run is asked to stop meanwhile."""
         by = {"token_budget": self.cfg.batch_tokens} if self.cfg.batch_tokens else {"count": self.cfg.batch_size}
         take = asyncio.create_task(self.stream.take(self.learner.version, **by))
-        await asyncio.wait([take, *workers], return_when=asyncio.FIRST_COMPLETED)
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait([take, stop, *workers], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
         if take.done():
             return take.result()
         take.cancel()
+        await asyncio.gather(take, return_exceptions=True)  # its rollouts go back to the queue
+        if self._stop.is_set():
+            return None
         for w in workers:
             if w.done():
                 w.result()  # raises the worker's error

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -238,8 +239,15 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
                 console.print(f"step {step}: checkpoint {checkpoints.save(step, learner, orch.state_dict())}")
 
         orch.on_step = on_step
+
+        async def until_done_or_stopped() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):  # a scheduler's preemption, Ctrl-C: stop cleanly
+                loop.add_signal_handler(sig, orch.request_stop, signal.Signals(sig).name)
+            await orch.run()
+
         try:
-            asyncio.run(orch.run())
+            asyncio.run(until_done_or_stopped())
         except RolloutsFailing as e:  # say why; the checkpoints stay for a resume
             progress.stop()
             kept = checkpoints.latest()
@@ -251,6 +259,15 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
             sys.exit(1)
         finally:
             metrics_log.close()
+    if orch.stop_reason is not None and orch.step < run_cfg.max_steps:
+        kept = checkpoints.latest()
+        if orch.step and (kept is None or kept.name != f"step_{orch.step}"):
+            kept = checkpoints.save(orch.step, learner, orch.state_dict())
+        console.print(f"stopped at step {orch.step} on {orch.stop_reason}: "
+                      + (f"{kept} is kept, the same command resumes from it" if kept else "no step was taken"))
+        pool.close()
+        engine.close()
+        sys.exit(128 + getattr(signal, orch.stop_reason, signal.SIGTERM))
     if held_out:
         summary["held_out/reward_final"] = evaluate(held_out, pool)
         console.print(f"held-apart reward after training: {summary['held_out/reward_final']:.3f}")
