@@ -74,6 +74,8 @@ class Agent:
         messages = [{"role": "system", "content": getattr(env, "system_prompt", None) or cfg.system_prompt}]
         try:
             messages.append({"role": "user", "content": env.reset(task, sandbox)})
+            if hasattr(sandbox, "drop_privileges"):  # the model's commands as `sandbox.user`, when set
+                sandbox.drop_privileges()
         except SandboxError as e:
             traj = Trajectory(task.instance_id, prompt_ids=[], messages=messages, exit_reason="sandbox_error")
             traj.info["error"] = str(e)

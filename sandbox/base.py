@@ -17,6 +17,10 @@ class Limits:
     cpus: float = 1.0
     pids: int = 512
     nofile: int = 4096  # open files per process
+    # commands of the model run as this uid[:gid] (numeric: images need no account for it) once
+    # the workspace is prepared, which is then handed to it; None: as root (images' default)
+    user: str | None = None
+    nproc: int = 4096  # processes of `user` (the kernel counts them host-wide per uid; root is exempt)
     disk_mb: int = 4096  # what a sandbox may write (its writable layer: the workspace, /tmp, installs)
     output_bytes: int = 64_000  # per exec, head and tail kept
     default_timeout_s: float = 120.0

@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import posixpath
+import re
 import shlex
 import signal
 import socket
@@ -77,6 +78,13 @@ class DockerSandbox:
         self._client = docker_client or client()
         self._oom_seen = 0
         self._n_exec = 0
+        self._user = "root"  # whom commands run as: `limits.user` once `drop_privileges` is called
+        if limits.user is not None and not re.fullmatch(r"[1-9][0-9]*(:[0-9]+)?", str(limits.user)):
+            raise SandboxError(f"sandbox.user = {limits.user!r}: a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), "
+                               "or null to run as root")
+        ulimits = [docker.types.Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile)]
+        if limits.user is not None:  # root is exempt from RLIMIT_NPROC: it bounds only the user
+            ulimits.append(docker.types.Ulimit(name="nproc", soft=limits.nproc, hard=limits.nproc))
         labels = {
             LABEL: "1",
             "sao.run_id": run_id,
@@ -103,7 +111,7 @@ class DockerSandbox:
                 cap_drop=["ALL"],
                 cap_add=list(CAPABILITIES),
                 security_opt=["no-new-privileges"],
-                ulimits=[docker.types.Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile)],
+                ulimits=ulimits,
                 working_dir=workdir,
                 labels=labels,
                 environment=environment,
@@ -142,7 +150,8 @@ class DockerSandbox:
         api = self._client.api
         start = time.monotonic()
         try:
-            exec_id = api.exec_create(self.id, ["bash", "-c", wrapped], workdir=workdir or self.workdir)["Id"]
+            exec_id = api.exec_create(self.id, ["bash", "-c", wrapped], workdir=workdir or self.workdir, user=self._user,
+                                      environment={"HOME": "/tmp"} if self._user != "root" else None)["Id"]
             stream = api.exec_start(exec_id, stream=True, demux=False)
         except docker.errors.APIError as e:
             raise SandboxError(f"exec failed in sandbox {self.id[:12]}: {e}") from e
@@ -172,18 +181,32 @@ class DockerSandbox:
             self._kill_all()
             reader.join(5)
         duration = time.monotonic() - start
-        exit_code = api.exec_inspect(exec_id).get("ExitCode")
-        exit_code = -1 if exit_code is None else int(exit_code)
+        try:
+            exit_code = api.exec_inspect(exec_id).get("ExitCode")
+            exit_code = -1 if exit_code is None else int(exit_code)
+            # Background processes do not outlive their command (this is what stops a fork bomb),
+            # nor do those that left its process group (daemons, setsid): nothing runs between commands.
+            self._kill_group(pgid_file)
+            self._kill_all()
+        except OSError as e:  # no answer (refused, reset): the engine went away, not the command's doing
+            raise SandboxError(f"the Docker engine stopped answering during a command in sandbox {self.id[:12]} "
+                               f"(restarted or stopped?): {e}") from e
         timed_out = host_killed or (exit_code in (_TIMEOUT_EXIT, 137) and duration >= timeout * 0.98)
-        # Background processes do not outlive their command (this is what stops a fork bomb), nor
-        # do those that left its process group (daemons, setsid): nothing runs between commands.
-        self._kill_group(pgid_file)
-        self._kill_all()
         output, truncated = cap.text()
         disk_full = disk_full or self._over_disk()
         oom = exit_code == 137 and not timed_out and not disk_full and self._oom_count_grew()
         return ExecResult(exit_code, output, timed_out and not disk_full, truncated, oom, duration,
                           disk_full_mb=self.limits.disk_mb if disk_full else 0)
+
+    def drop_privileges(self) -> None:
+        """From now on commands run as `limits.user` (when set), the workspace handed to it: called
+        once the env has prepared the workspace as root, before the model's first command."""
+        if self.limits.user is None or self._user != "root":
+            return
+        r = self.exec(f"chown -R {self.limits.user} {shlex.quote(self.workdir)}", timeout=300)
+        if not r.ok:
+            raise SandboxError(f"could not hand {self.workdir} to user {self.limits.user}: {r.output[-500:]}")
+        self._user = self.limits.user
 
     def _over_disk(self) -> bool:
         """True when what the sandbox wrote (its writable layer) passes `limits.disk_mb`."""
@@ -277,6 +300,9 @@ class DockerSandbox:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            if self._user != "root":  # the file is the user's, as if its command had written it
+                uid, _, gid = self._user.partition(":")
+                info.uid, info.gid = int(uid), int(gid or uid)
             tar.addfile(info, io.BytesIO(data))
         if not self._container.put_archive(parent, buf.getvalue()):
             raise SandboxError(f"could not write {path} in sandbox {self.id[:12]}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from typing import Iterator
@@ -20,13 +21,18 @@ class SandboxPool:
     """At most `max_live` sandboxes at once; a failed start is retried `retries` times.
 
     On creation it sweeps the leftovers of dead runs, so a crashed run never piles up
-    containers across restarts.
+    containers across restarts. When the Docker engine stops answering (restarted, say), new
+    sandboxes wait up to `engine_wait_s` for it to come back instead of failing one after
+    another; sandboxes it took down with it fail as infrastructure errors.
     """
 
-    def __init__(self, run_id: str, limits: Limits = Limits(), max_live: int = 4, retries: int = 2):
+    def __init__(self, run_id: str, limits: Limits = Limits(), max_live: int = 4, retries: int = 2,
+                 engine_wait_s: float = 300.0):
         self.run_id = run_id
         self.limits = limits
         self.retries = retries
+        self.engine_wait_s = engine_wait_s
+        self._engine_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_live)
         self._images: dict[str, SandboxError | None] = {}  # image -> None (here) or why it is not
         self._images_lock = threading.Lock()  # guards _image_locks and _pulling
@@ -40,6 +46,7 @@ class SandboxPool:
     @contextlib.contextmanager
     def sandbox(self, image: str) -> Iterator[DockerSandbox]:
         """A fresh sandbox from `image`, removed when the block ends, however it ends."""
+        self.wait_for_engine()
         self.ensure_image(image)
         with self._slots:
             sb = self._start(image)
@@ -47,6 +54,30 @@ class SandboxPool:
                 yield sb
             finally:
                 sb.close()
+
+    def wait_for_engine(self) -> None:
+        """Return once the Docker engine answers; wait for it (one thread asks, the others queue
+        behind it) up to `engine_wait_s`, then a SandboxError that says where and how to fix it."""
+        if self._answers():
+            return
+        with self._engine_lock:
+            deadline = time.monotonic() + self.engine_wait_s
+            if self._answers():  # it came back while this thread waited for the lock
+                return
+            log.warning("the Docker engine does not answer; new sandboxes wait up to %.0f s for it", self.engine_wait_s)
+            while not self._answers():
+                if time.monotonic() > deadline:
+                    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+                    raise SandboxError(f"the Docker engine at {host} did not answer for {self.engine_wait_s:.0f} s. "
+                                       "Start it again (`dockerd --iptables=false --bridge=none &`, or ./setup.sh)")
+                time.sleep(1.0)
+            log.warning("the Docker engine answers again")
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self._client.ping())
+        except Exception:  # connection refused, reset, timed out: not answering
+            return False
 
     def ensure_image(self, image: str) -> None:
         """Pull `image` (with progress) the first time it is asked for and is missing; a failed

@@ -151,3 +151,19 @@ def test_a_rollout_is_graded_in_a_fresh_sandbox_so_a_shadowed_test_runner_earns_
     grade = traj.info["grade"]
     assert traj.reward == 0.0 and grade["empty_patch"] and grade["tests_status"]["test_new.py::test_clamp_high"] == "FAILED"
     assert traj.timings["grade"] > 0
+
+
+def test_a_rollout_as_a_non_root_user_solves_and_is_graded(calc_task, tokenizer):
+    """sandbox.user set: the model's commands and edits run as that user in the workspace the
+    env prepared as root; the fix is graded as root in a fresh sandbox and pays."""
+    from agent.rollout import rollout_and_grade
+    from conftest import RUN_ID
+    from sandbox.base import Limits
+    from sandbox.pool import SandboxPool
+
+    whoami = [call("bash", command="id -u > /tmp/uid; id -u"), *SOLVE]
+    traj = rollout_and_grade(Agent(ScriptedEngine(tokenizer, whoami), tokenizer), calc_task, SWEEnv(),
+                             SandboxPool(RUN_ID, Limits(user="1000:1000"), max_live=2))
+    tool_outputs = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert "1000" in tool_outputs[0] and traj.exit_reason == "submitted"
+    assert traj.reward == 1.0, traj.info

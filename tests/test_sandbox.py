@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from conftest import RUN_ID
-from sandbox.base import TRUNCATION_MARK, Limits, cap_text
+from sandbox.base import TRUNCATION_MARK, Limits, SandboxError, cap_text
 from sandbox.docker import LABEL, DockerSandbox, sweep
 
 pytestmark = pytest.mark.docker
@@ -212,6 +212,30 @@ def test_privileges_are_dropped(make_sandbox):
     ok = sb.exec("mkdir -p /testbed/x && cd /testbed/x && git init -q && echo 'def test_a(): pass' > test_a.py && "
                  "python3 -m pytest -q test_a.py", timeout=60)
     assert ok.ok, ok.output
+
+
+def test_a_non_root_user_runs_the_model_s_commands(make_sandbox):
+    """sandbox.user: the env prepares the workspace as root, then it is the user's; the model's
+    commands and the editor's writes are the user's, root's files stay out of reach, and the
+    user's processes are bounded by nproc."""
+    sb = make_sandbox(user="1000:1000", nproc=64)
+    assert sb.exec("mkdir -p /testbed/pkg && echo x > /testbed/pkg/a.py && id -u", timeout=30).output.strip() == "0"
+    sb.drop_privileges()
+    assert sb.exec("id -u; id -g; ulimit -u; echo $HOME", timeout=30).output.split() == ["1000", "1000", "64", "/tmp"]
+    work = sb.exec("echo y >> pkg/a.py && touch new.py && git init -q && git add -A && echo ok", timeout=60)
+    assert work.ok and "ok" in work.output, work.output
+    sb.write_file("pkg/b.py", "print('b')\n")  # as the editor writes
+    assert sb.exec("stat -c %u pkg/b.py && echo more >> pkg/b.py", timeout=30).output.split()[0] == "1000"
+    root_files = sb.exec("echo hacked >> /etc/passwd; touch /usr/local/lib/x", timeout=30)
+    assert root_files.exit_code != 0 and "Permission denied" in root_files.output
+    many = sb.exec("for i in $(seq 100); do sleep 30 & done 2>&1 | tail -1; echo done", timeout=60)
+    assert "Resource temporarily unavailable" in many.output and not many.timed_out, many.output
+    assert sb.exec("ps -eo args= | grep -c '^sleep 30' || true", timeout=30).output.strip() == "0"
+
+
+def test_a_bad_sandbox_user_is_refused_naming_the_field(docker_client):
+    with pytest.raises(SandboxError, match=r"sandbox.user = 'bob': a numeric uid"):
+        DockerSandbox(limits=Limits(user="bob"), run_id=RUN_ID, docker_client=docker_client)
 
 
 def test_nothing_a_command_started_outlives_it(make_sandbox):

@@ -1,0 +1,206 @@
+"""Crash drill: many short rollouts on real sandboxes while their worker processes are killed at
+random; afterwards every rollout is done exactly once and no container is left.
+
+    python -m benchmarks.crash_drill [--rollouts 1000] [--workers 4] [--kill-every 4] [--seed 0]
+                                     [--quick] [--output FILE]
+
+A rollout here is a built-in task's whole sandbox life without a model (the sandboxes are what
+is drilled): its workspace reset in a sandbox, its gold patch applied there as an agent's edit
+would be, the diff taken, and the tests run in a fresh sandbox, as training grades. Worker
+processes take rollouts one at a time; about every `--kill-every` seconds (exponentially
+distributed) one busy worker, chosen at random, gets SIGKILL wherever it is (creating, running,
+grading or removing a container: nothing of it can clean up) and a new worker takes its place;
+its rollout is handed out again. A worker starting sweeps the containers of dead owners as
+every sandbox pool does (`sandbox.docker.sweep`), and the drill sweeps once more at the end.
+
+Prints and writes (JSON, last line of stdout and `--output`): rollouts done, each once; kills;
+containers found orphaned (swept by new workers and the final sweep); containers left (0 is
+the pass); wall seconds. Exit status 1 if a rollout is missing or done twice, a gold patch did
+not resolve, or a container is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+LABEL = "sao.sandbox"
+
+
+def _worker(conn: Connection, run_id: str) -> None:
+    """Run rollouts the driver sends (a key each), answer each with its verdict; stop on None."""
+    from envs.builtin import load_builtin_tasks
+    from envs.swe import SWEEnv
+    from sandbox.docker import client, sweep
+    from sandbox.pool import SandboxPool
+
+    swept = len(sweep(docker_client=client()))  # what dead workers left: a pool sweeps the same on creation
+    env, pool, tasks = SWEEnv(), SandboxPool(run_id, max_live=2), load_builtin_tasks()
+    conn.send(("ready", swept))
+    while (key := conn.recv()) is not None:
+        task = tasks[key % len(tasks)]
+        with pool.sandbox(env.image_for(task)) as sb:
+            env.reset(task, sb)
+            env._apply(sb, task.patch)  # the agent's edit, left in the workspace
+            patch = env.patch_of(task, sb)
+        with pool.sandbox(env.image_for(task)) as clean:
+            env.reset(task, clean)
+            resolved = env.grade(task, clean, patch).resolved
+        conn.send(("done", key, resolved))
+
+
+class Drill:
+    def __init__(self, rollouts: int, workers: int, kill_every: float, seed: int):
+        self.n, self.n_workers, self.kill_every = rollouts, workers, kill_every
+        self.rng = random.Random(seed)
+        self.run_id = f"drill-{uuid.uuid4().hex[:8]}"
+        self.ctx = mp.get_context("spawn")
+        self.todo = list(range(rollouts))
+        self.done: dict[int, bool] = {}
+        self.twice = 0
+        self.kills = 0
+        self.swept = 0
+        self.workers: dict[Connection, tuple] = {}  # conn -> (process, key it runs or None)
+
+    def _start_worker(self) -> None:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker, args=(child, self.run_id), daemon=True)
+        proc.start()
+        child.close()
+        self.workers[parent] = (proc, None)
+
+    def _give(self, conn: Connection) -> None:
+        proc, _ = self.workers[conn]
+        key = self.todo.pop(0) if self.todo else None
+        self.workers[conn] = (proc, key)
+        if key is not None:
+            conn.send(key)
+
+    def _answer(self, conn: Connection, message: tuple) -> None:
+        if message[0] == "ready":
+            self.swept += message[1]
+        else:
+            _, key, resolved = message
+            self.twice += key in self.done
+            self.done[key] = resolved
+        self._give(conn)
+
+    def _kill_one(self) -> bool:
+        busy = [c for c, (_, key) in self.workers.items() if key is not None]
+        if not busy:
+            return False
+        conn = self.rng.choice(busy)
+        proc, key = self.workers.pop(conn)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        self.kills += 1
+        finished = False
+        try:
+            while conn.poll():  # it may have answered before it died
+                message = conn.recv()
+                finished |= message[0] == "done" and message[1] == key
+                if message[0] == "done":
+                    self.twice += message[1] in self.done
+                    self.done[message[1]] = message[2]
+        except (EOFError, OSError):
+            pass
+        conn.close()
+        if not finished:
+            self.todo.insert(0, key)  # handed out again
+        self._start_worker()
+        return True
+
+    def run(self, progress: Progress | None = None) -> dict:
+        t0 = time.monotonic()
+        bar = progress.add_task("rollouts", total=self.n, kills=0) if progress else None
+        for _ in range(self.n_workers):
+            self._start_worker()
+        # the first kill within `kill_every` seconds, so even a short drill has one
+        next_kill = time.monotonic() + min(self.rng.expovariate(1 / self.kill_every), self.kill_every)
+        try:
+            while len(self.done) < self.n:
+                timeout = max(0.0, next_kill - time.monotonic())
+                for conn in wait(list(self.workers), timeout=timeout):
+                    try:
+                        message = conn.recv()
+                    except EOFError:  # died by itself: treated as a kill
+                        proc, key = self.workers.pop(conn)
+                        proc.join()
+                        if key is not None:
+                            self.todo.insert(0, key)
+                        self._start_worker()
+                        continue
+                    self._answer(conn, message)
+                if time.monotonic() >= next_kill and len(self.done) < self.n:
+                    if self._kill_one():
+                        next_kill = time.monotonic() + self.rng.expovariate(1 / self.kill_every)
+                    else:  # no worker busy yet (they are starting): the kill waits for one
+                        next_kill = time.monotonic() + 0.2
+                if progress:
+                    progress.update(bar, completed=len(self.done), kills=self.kills)
+        finally:
+            for conn, (proc, _) in list(self.workers.items()):
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            for proc, _ in self.workers.values():
+                proc.join(60)
+                if proc.is_alive():
+                    proc.kill()
+        return self._tally(time.monotonic() - t0)
+
+    def _tally(self, wall_s: float) -> dict:
+        from sandbox.docker import client, sweep
+
+        c = client()
+        ours = {"label": [f"{LABEL}=1", f"sao.run_id={self.run_id}"]}
+        before = len(c.containers.list(all=True, filters=ours, sparse=True))
+        self.swept += len(sweep(docker_client=c))  # as the next run's pool does
+        left = len(c.containers.list(all=True, filters=ours, sparse=True))
+        return {"rollouts": self.n, "done": len(self.done), "done_twice": self.twice, "kills": self.kills,
+                "resolved": sum(self.done.values()), "orphans_at_end": before, "orphans_swept": self.swept,
+                "containers_left": left, "workers": self.n_workers, "wall_s": round(wall_s, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.crash_drill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rollouts", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--kill-every", type=float, default=4.0, help="mean seconds between kills")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="12 rollouts, 2 workers, a kill every 3 s (for the test)")
+    p.add_argument("--output", type=Path)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rollouts, args.workers, args.kill_every = 12, 2, 3.0
+    console = Console(stderr=True)
+    columns = [TextColumn("crash drill"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("kills {task.fields[kills]}")]
+    with Progress(*columns, console=console) as progress:
+        result = Drill(args.rollouts, args.workers, args.kill_every, args.seed).run(progress)
+    console.print(f"{result['done']}/{result['rollouts']} rollouts done ({result['done_twice']} twice), "
+                  f"{result['resolved']} resolved; {result['kills']} workers killed; {result['orphans_swept']} "
+                  f"orphaned containers swept; {result['containers_left']} left; {result['wall_s']} s")
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    ok = (result["done"] == result["rollouts"] and not result["done_twice"] and not result["containers_left"]
+          and result["resolved"] == result["rollouts"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
