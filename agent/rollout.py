@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import threading
 import time
 import uuid
 from dataclasses import asdict
@@ -28,32 +30,77 @@ from sandbox.pool import SandboxPool
 console = Console(stderr=True)
 
 
-def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, seed: int | None = None) -> Trajectory:
+class _GradingSandbox:
+    """A clean sandbox for grading, made ready (created from the task's image, its workspace
+    reset) in a thread of its own while the rollout runs, so grading in a fresh sandbox adds
+    little to the rollout's time. Nothing of the rollout's sandbox reaches it."""
+
+    def __init__(self, pool: SandboxPool, image: str, task: Task, env: Env):
+        self._stack = contextlib.ExitStack()
+        self._sandbox = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._prepare, args=(pool, image, task, env), daemon=True,
+                                        name=f"grading-sandbox-{task.instance_id}")
+        self._thread.start()
+
+    def _prepare(self, pool: SandboxPool, image: str, task: Task, env: Env) -> None:
+        try:
+            sandbox = self._stack.enter_context(pool.sandbox(image))
+            env.reset(task, sandbox)
+            self._sandbox = sandbox
+        except BaseException as e:  # said when grading asks for it
+            self._error = e
+
+    def get(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._sandbox
+
+    def close(self) -> None:
+        self._thread.join()
+        self._stack.close()
+
+
+def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, seed: int | None = None,
+                      prepare_grading: bool = True) -> Trajectory:
     """One rollout in a fresh sandbox, graded; every sandbox is removed however it ends.
 
     An env that grades a patch (`env.patch_of`, the SWE env) is graded as SWE-bench's harness
     grades: the workspace's diff is taken, and the tests run in another fresh sandbox from the
     task's image with only that patch applied, so nothing the agent did outside the repository
-    (a shadowed test runner, a daemon it left) touches grading. Other envs grade in place.
+    (a shadowed test runner, a daemon it left) touches grading. That sandbox is made ready while
+    the rollout runs (`prepare_grading`; one more container per rollout, idle until grading).
+    Other envs grade in place.
     """
     image = env.image_for(task)
     patch_of = getattr(env, "patch_of", None)
-    with pool.sandbox(image) as sb:
-        traj = agent.run(task, env, sb, seed=seed)
-        if traj.exit_reason == "sandbox_error":
-            return traj
-        if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
-            traj.reward = 0.0
-            return traj
-        t0 = time.monotonic()
-        if patch_of is None:
-            result = env.grade(task, sb)
-        else:
-            patch = patch_of(task, sb)
-    if patch_of is not None:
-        with pool.sandbox(image) as clean:
-            env.reset(task, clean)
-            result = env.grade(task, clean, patch)
+    grading = None
+    try:
+        with pool.sandbox(image) as sb:
+            if patch_of is not None and prepare_grading:  # once this rollout holds its own sandbox
+                grading = _GradingSandbox(pool, image, task, env)
+            traj = agent.run(task, env, sb, seed=seed)
+            if traj.exit_reason == "sandbox_error":
+                return traj
+            if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
+                traj.reward = 0.0
+                return traj
+            t0 = time.monotonic()
+            if patch_of is None:
+                result = env.grade(task, sb)
+            else:
+                patch = patch_of(task, sb)
+        if patch_of is not None:  # the rollout's sandbox is gone (its pool slot free) before this waits
+            if grading is not None:
+                result = env.grade(task, grading.get(), patch)
+            else:
+                with pool.sandbox(image) as clean:
+                    env.reset(task, clean)
+                    result = env.grade(task, clean, patch)
+    finally:
+        if grading is not None:
+            grading.close()
     traj.timings["grade"] = time.monotonic() - t0
     traj.reward = result.reward
     traj.info["grade"] = {k: v for k, v in asdict(result).items() if k != "log"}

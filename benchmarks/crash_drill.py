@@ -125,6 +125,7 @@ class Drill:
     def run(self, progress: Progress | None = None) -> dict:
         t0 = time.monotonic()
         bar = progress.add_task("rollouts", total=self.n, kills=0) if progress else None
+        shown = 0
         for _ in range(self.n_workers):
             self._start_worker()
         # the first kill within `kill_every` seconds, so even a short drill has one
@@ -150,6 +151,10 @@ class Drill:
                         next_kill = time.monotonic() + 0.2
                 if progress:
                     progress.update(bar, completed=len(self.done), kills=self.kills)
+                    if not progress.console.is_terminal and len(self.done) // 100 > shown // 100:
+                        progress.console.print(f"{len(self.done)}/{self.n} rollouts, {self.kills} kills, "
+                                               f"{time.monotonic() - t0:.0f} s")  # a log file gets a line now and then
+                    shown = len(self.done)
         finally:
             for conn, (proc, _) in list(self.workers.items()):
                 try:

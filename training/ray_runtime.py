@@ -366,8 +366,9 @@ class RolloutActor:
                         for spec in cfg.sources}
         limits = Limits(**{k: v for k, v in OmegaConf.to_container(cfg.sandbox).items() if k != "_target_"}) \
             if "_target_" in cfg.sandbox else Limits()
-        # a run id of its own: closing one worker's pool sweeps its containers, not the others'
-        self.pool = SandboxPool(f"{cfg.run_id}-w{index}", limits, max_live=slots)
+        # a run id of its own: closing one worker's pool sweeps its containers, not the others';
+        # two sandboxes a rollout: its own and the clean one made ready for its grading
+        self.pool = SandboxPool(f"{cfg.run_id}-w{index}", limits, max_live=2 * slots)
 
     def rollout(self, source: str, task, seed: int):
         from agent.rollout import rollout_and_grade

@@ -195,7 +195,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
     engine = engine or build_engine(cfg.engine, model_path)
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
-                       max_live=cfg.trainer.num_workers + 1)
+                       max_live=2 * cfg.trainer.num_workers + 1)  # a rollout's own sandbox and its grading one
     run_cfg = RunConfig(**cfg.trainer)
     checkpoints = Checkpoints(out)
     orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None, rollout=rollout)
