@@ -1,12 +1,14 @@
 """Crash drill: many short rollouts on real sandboxes while their worker processes are killed at
 random; afterwards every rollout is done exactly once and no container is left.
 
-    python -m benchmarks.crash_drill [--rollouts 1000] [--workers 4] [--kill-every 4] [--seed 0]
-                                     [--quick] [--output FILE]
+    python -m benchmarks.crash_drill [--rollouts 1000] [--kind short|full] [--workers 4]
+                                     [--kill-every 4] [--seed 0] [--quick] [--output FILE]
 
-A rollout here is a built-in task's whole sandbox life without a model (the sandboxes are what
-is drilled): its workspace reset in a sandbox, its gold patch applied there as an agent's edit
-would be, the diff taken, and the tests run in a fresh sandbox, as training grades. Worker
+A rollout here is a sandbox's life without a model (the sandboxes are what is drilled). `full`:
+a built-in task's workspace reset in a sandbox, its gold patch applied there as an agent's
+edit would be, the diff taken, and the tests run in a fresh sandbox made ready meanwhile, as
+training grades (`agent.rollout`'s grading sandbox). `short`: one sandbox, one command of
+0 to 1 s, as a one-turn rollout (cheap enough for thousands on two cores). Worker
 processes take rollouts one at a time; about every `--kill-every` seconds (exponentially
 distributed) one busy worker, chosen at random, gets SIGKILL wherever it is (creating, running,
 grading or removing a container: nothing of it can clean up) and a new worker takes its place;
@@ -39,8 +41,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 LABEL = "sao.sandbox"
 
 
-def _worker(conn: Connection, run_id: str) -> None:
+def _worker(conn: Connection, run_id: str, kind: str) -> None:
     """Run rollouts the driver sends (a key each), answer each with its verdict; stop on None."""
+    from agent.rollout import _GradingSandbox
     from envs.builtin import load_builtin_tasks
     from envs.swe import SWEEnv
     from sandbox.docker import client, sweep
@@ -51,19 +54,27 @@ def _worker(conn: Connection, run_id: str) -> None:
     conn.send(("ready", swept))
     while (key := conn.recv()) is not None:
         task = tasks[key % len(tasks)]
+        if kind == "short":
+            with pool.sandbox(env.image_for(task)) as sb:
+                resolved = sb.exec(f"sleep {random.Random(key).random():.2f}; echo {key}", timeout=30).output.strip() == str(key)
+            conn.send(("done", key, resolved))
+            continue
         with pool.sandbox(env.image_for(task)) as sb:
-            env.reset(task, sb)
-            env._apply(sb, task.patch)  # the agent's edit, left in the workspace
-            patch = env.patch_of(task, sb)
-        with pool.sandbox(env.image_for(task)) as clean:
-            env.reset(task, clean)
-            resolved = env.grade(task, clean, patch).resolved
+            grading = _GradingSandbox(pool, env.image_for(task), task, env)
+            try:
+                env.reset(task, sb)
+                env._apply(sb, task.patch)  # the agent's edit, left in the workspace
+                patch = env.patch_of(task, sb)
+                sb.close()
+                resolved = env.grade(task, grading.get(), patch).resolved
+            finally:
+                grading.close()
         conn.send(("done", key, resolved))
 
 
 class Drill:
-    def __init__(self, rollouts: int, workers: int, kill_every: float, seed: int):
-        self.n, self.n_workers, self.kill_every = rollouts, workers, kill_every
+    def __init__(self, rollouts: int, workers: int, kill_every: float, seed: int, kind: str = "full"):
+        self.n, self.n_workers, self.kill_every, self.kind = rollouts, workers, kill_every, kind
         self.rng = random.Random(seed)
         self.run_id = f"drill-{uuid.uuid4().hex[:8]}"
         self.ctx = mp.get_context("spawn")
@@ -76,7 +87,7 @@ class Drill:
 
     def _start_worker(self) -> None:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker, args=(child, self.run_id), daemon=True)
+        proc = self.ctx.Process(target=_worker, args=(child, self.run_id, self.kind), daemon=True)
         proc.start()
         child.close()
         self.workers[parent] = (proc, None)
@@ -175,7 +186,7 @@ class Drill:
         before = len(c.containers.list(all=True, filters=ours, sparse=True))
         self.swept += len(sweep(docker_client=c))  # as the next run's pool does
         left = len(c.containers.list(all=True, filters=ours, sparse=True))
-        return {"rollouts": self.n, "done": len(self.done), "done_twice": self.twice, "kills": self.kills,
+        return {"kind": self.kind, "rollouts": self.n, "done": len(self.done), "done_twice": self.twice, "kills": self.kills,
                 "resolved": sum(self.done.values()), "orphans_at_end": before, "orphans_swept": self.swept,
                 "containers_left": left, "workers": self.n_workers, "wall_s": round(wall_s, 1)}
 
@@ -183,20 +194,21 @@ class Drill:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.crash_drill", description=__doc__.split("\n\n")[0])
     p.add_argument("--rollouts", type=int, default=1000)
+    p.add_argument("--kind", choices=["short", "full"], default="short")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--kill-every", type=float, default=4.0, help="mean seconds between kills")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="12 rollouts, 2 workers, a kill every 3 s (for the test)")
+    p.add_argument("--quick", action="store_true", help="12 full rollouts, 2 workers, a kill every 3 s (for the test)")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
     if args.quick:
-        args.rollouts, args.workers, args.kill_every = 12, 2, 3.0
+        args.rollouts, args.workers, args.kill_every, args.kind = 12, 2, 3.0, "full"
     console = Console(stderr=True)
     columns = [TextColumn("crash drill"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("kills {task.fields[kills]}")]
     with Progress(*columns, console=console) as progress:
-        result = Drill(args.rollouts, args.workers, args.kill_every, args.seed).run(progress)
-    console.print(f"{result['done']}/{result['rollouts']} rollouts done ({result['done_twice']} twice), "
+        result = Drill(args.rollouts, args.workers, args.kill_every, args.seed, args.kind).run(progress)
+    console.print(f"{result['done']}/{result['rollouts']} {result['kind']} rollouts done ({result['done_twice']} twice), "
                   f"{result['resolved']} resolved; {result['kills']} workers killed; {result['orphans_swept']} "
                   f"orphaned containers swept; {result['containers_left']} left; {result['wall_s']} s")
     if args.output:

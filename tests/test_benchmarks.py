@@ -69,13 +69,13 @@ def test_gpu_engine_check_says_it_needs_a_gpu():
 
 
 @pytest.mark.docker
-def test_grading_cost_benchmark_grades_both_ways(tmp_path, docker_client):
+def test_grading_cost_benchmark_grades_all_three_ways(tmp_path, docker_client):
     out = tmp_path / "grading_cost.json"
     r = run("benchmarks.grading_cost", "--quick", "--output", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["rollouts"] == 2 and result["verdicts_agree"] == 2  # both ways judge alike
-    assert result["in_place_mean_s"] > 0 and result["fresh_mean_s"] > 0
+    assert result["rollouts"] == 2 and result["verdicts_agree"] == 2  # all three ways judge alike
+    assert result["in_place_mean_s"] > 0 and result["fresh_mean_s"] > 0 and result["prepared_mean_s"] > 0
 
 
 def test_crash_drill_loses_no_rollout_and_leaves_no_container(docker_client):
