@@ -74,9 +74,15 @@ class SandboxPool:
             log.warning("the Docker engine answers again")
 
     def _answers(self) -> bool:
+        """Whether the engine answers a new connection (one kept alive from before can still
+        reach an engine that is shutting down and no longer accepts any)."""
         try:
-            return bool(self._client.ping())
-        except Exception:  # connection refused, reset, timed out: not answering
+            fresh = docker.from_env(timeout=10)
+            try:
+                return bool(fresh.ping())
+            finally:
+                fresh.close()
+        except Exception:  # connection refused, reset, timed out, no socket: not answering
             return False
 
     def ensure_image(self, image: str) -> None:
@@ -116,16 +122,24 @@ class SandboxPool:
                 self._pulling -= 1
 
     def _start(self, image: str) -> DockerSandbox:
-        for attempt in range(self.retries + 1):
+        failures = 0
+        while True:
             try:
                 return DockerSandbox(image, self.limits, self.run_id, docker_client=self._client)
             except SandboxError as e:
                 # a missing image is the user's to fix, not a fault a retry mends
-                if "is not on this Docker engine" in str(e) or attempt == self.retries:
+                if "is not on this Docker engine" in str(e) or failures == self.retries:
                     raise
+                failures += 1
                 log.warning("sandbox start failed (%s); retrying", e)
-                time.sleep(1.0 * (attempt + 1))
-        raise AssertionError("unreachable")
+                time.sleep(1.0 * failures)
+            except OSError as e:  # no answer at all (requests' ConnectionError): the engine went away
+                if self._answers():  # it is there: a fault of this start, retried as the others are
+                    if failures == self.retries:
+                        raise SandboxError(f"could not start a container from {image!r}: {e}") from e
+                    failures += 1
+                    continue
+                self.wait_for_engine()  # then start again; a SandboxError if it does not come back
 
     def close(self) -> None:
         sweep(run_id=self.run_id, docker_client=self._client)
