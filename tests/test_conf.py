@@ -122,6 +122,8 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["engine.replicas=0"], "engine.replicas = 0"),
     (["runtime=ray", "ray.rollout_actors=0"], "ray.rollout_actors = 0"),
     (["engine=vllm", "engine.options.sync_mode=later"], "engine.options.sync_mode = 'later'"),
+    (["sandbox.memory_mb=-5"], "sandbox.memory_mb = -5"),
+    (["sandbox.user=bob"], "sandbox.user = 'bob'"),
 ])
 def test_bad_values_are_named_with_field_and_value(overrides, named):
     with pytest.raises(ConfigError) as e:

@@ -231,6 +231,18 @@ def test_a_bad_value_stops_the_run_at_once_with_its_field(tmp_path):
     assert "engine:" not in res.stderr and not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_no_docker_engine_is_said_at_once_with_the_fix(tmp_path):
+    import os
+
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path / 'no-such.sock'}"}
+    cmd = [sys.executable, "-m", "training.run", "+debug=tiny", "engine=hf", f"output_dir={tmp_path / 'run'}",
+           f"run_id={RUN_ID}"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"no Docker engine answers at unix://{tmp_path / 'no-such.sock'}" in r.stderr.replace("\n", "")
+    assert "dockerd" in r.stderr and "Traceback" not in r.stderr and "engine:" not in r.stderr
+
+
 def test_rollouts_that_keep_failing_stop_the_run_with_the_reason(tmp_path, docker_client):
     # a source's env_options override its conf/env file: here an image no engine has, no registry
     r = train(tmp_path / "run", "held_out=null", '+sources.0.env_options={image: "sao-missing:none"}',

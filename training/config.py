@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 from pathlib import Path
 from typing import NoReturn
 
@@ -81,6 +82,15 @@ def _check_learner(learner) -> None:
         _fail("learner.dtype", learner.dtype, f"must be one of {', '.join(dtypes)}")
 
 
+def _check_sandbox(sandbox) -> None:
+    _at_least(sandbox, "sandbox", ("memory_mb", "pids", "nofile", "nproc", "disk_mb", "output_bytes"), 1)
+    _at_least(sandbox, "sandbox", ("cpus",), 0.01)
+    _at_least(sandbox, "sandbox", ("default_timeout_s",), 0.001)
+    user = sandbox.get("user")
+    if user is not None and not re.fullmatch(r"[1-9][0-9]*(:[0-9]+)?", str(user)):
+        _fail("sandbox.user", user, "must be a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), or null for root")
+
+
 def check(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work."""
     t = cfg.trainer
@@ -108,6 +118,7 @@ def check(cfg: DictConfig) -> None:
         _at_least(cfg.ray, "ray", ("rollout_actor_cpus",), 0)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             _fail("runtime", runtime, "places the learner ranks itself (ray.learner_ranks): run it with python, not torchrun")
+    _check_sandbox(cfg.get("sandbox") or {})
     if cfg.engine.kind not in ("auto", "hf", "vllm", "vllm_batch"):
         _fail("engine.kind", cfg.engine.kind, "must be auto, hf, vllm or vllm_batch")
     _at_least(cfg.engine, "engine", ("replicas",), 1)

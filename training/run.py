@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ from agent.engines.router import EngineRouter
 from agent.engines.shared import shareable
 from agent.loop import Agent, AgentConfig
 from envs.base import make_env
-from sandbox.base import Limits
+from sandbox.base import Limits, SandboxError
+from sandbox.docker import client as docker_client
 from sandbox.pool import SandboxPool
 from training import distributed
 from training.checkpoint import Checkpoints, MetricsLog
@@ -143,6 +145,12 @@ def main(cfg: DictConfig) -> None:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         sys.exit(2)
     transformers.utils.logging.disable_progress_bar()  # shard-writing bars would break up the run's own
+    if cfg.runtime != "ray" and int(os.environ.get("RANK", "0")) == 0:  # (on Ray each node's workers ask theirs)
+        try:
+            docker_client()  # before the model: a run with no Docker engine is said at once, with the fix
+        except SandboxError as e:
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            sys.exit(2)
     if cfg.runtime == "ray":
         return run_on_ray(cfg)
     rank = distributed.init_from_env()  # one process, or a rank under torchrun
