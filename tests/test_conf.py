@@ -84,6 +84,9 @@ def test_swe_verified_sources_load_a_real_mix(monkeypatch):
 def test_grpo_switch():
     cfg = OmegaConf.to_container(composed("algo=grpo"), resolve=True)
     assert cfg["algo"]["_target_"] == "training.algos.GRPO" and cfg["trainer"]["group_size"] == 8
+    cfg = OmegaConf.to_container(composed("algo=grpo_dis"), resolve=True)
+    assert cfg["algo"]["_target_"] == "training.algos.GRPODIS" and cfg["trainer"]["group_size"] == 8
+    assert (cfg["algo"]["eps_low"], cfg["algo"]["eps_high"]) == (0.8, 3.0)
 
 
 def test_unknown_env_is_a_clear_error():
@@ -91,7 +94,7 @@ def test_unknown_env_is_a_clear_error():
         make_env("nope")
 
 
-@pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("+sources.0.env_options={switch_every: 64}",), ("+experiment=swe_verified",), ("+debug=tiny",),
+@pytest.mark.parametrize("overrides", [(), ("algo=grpo",), ("algo=grpo_dis",), ("+sources.0.env_options={switch_every: 64}",), ("+experiment=swe_verified",), ("+debug=tiny",),
                                        ("+debug=learn",), ("trainer.mode=sync", "engine=hf"), ("learner=megatron",),
                                        ("runtime=ray", "engine.replicas=2"), ("engine=vllm", "engine.options.sync_mode=finish")])
 def test_shipped_configs_pass_the_checks(overrides):

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from agent.tiny_model import build_tiny_model
 from agent.trajectory import Trajectory
-from training.algos import GRPO, SAO
+from training.algos import GRPO, GRPODIS, SAO
 from training.batch import pack
 from training.losses import sao_keep_mask, sao_policy_loss
 from training.learners.torch import TorchLearner
@@ -82,6 +82,23 @@ def test_grpo_step_and_engine_weights(tiny):
     assert learner.version == 1 and abs(m["ppo/ratio_mean"] - 1.0) > 1e-3 and m["ppo/clipfrac"] > 0
     names = [n for n, _ in learner.state_dict_for_engine()]
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
+
+
+def test_grpo_dis_takes_group_advantages_and_sao_s_mask_against_the_sampler(tiny):
+    learner = TorchLearner(tiny, GRPODIS(group_size=2, lr_policy=1e-3))
+    assert learner.critic is None
+    p0 = params(learner.policy)
+    m = learner.step(BATCH, group_ids=[0, 0, 1, 1])
+    assert learner.version == 1 and "ppo/clipfrac" not in m and "value/loss" not in m
+    assert m["sao/kept_frac"] == pytest.approx(1.0) and any(not torch.equal(p0[k], v) for k, v in params(learner.policy).items())
+    # the sampler gave every token logprob -1 (the learner's are near -8.3): each ratio is far
+    # below 1 - eps_low, every token is dropped, and the policy does not move
+    learner = TorchLearner(tiny, GRPODIS(group_size=2, lr_policy=1e-3))
+    p0 = params(learner.policy)
+    far = [traj(1.0, behaviour=-1.0), traj(0.0, 20, behaviour=-1.0), traj(1.0, 5, behaviour=-1.0), traj(0.0, 8, behaviour=-1.0)]
+    m = learner.step(far, group_ids=[0, 0, 1, 1])
+    assert m["sao/mask_frac_low"] == pytest.approx(1.0) and m["sao/kept_frac"] == 0.0
+    assert all(torch.equal(p0[k], v) for k, v in params(learner.policy).items())
 
 
 def test_save_and_load_round_trip(tiny, tmp_path):

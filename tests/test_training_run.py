@@ -192,7 +192,8 @@ def test_a_docker_engine_restarted_mid_run_costs_rollouts_not_the_run(tmp_path, 
     assert not docker_client.containers.list(all=True, filters=ours)
 
 
-@pytest.mark.parametrize("overrides", [["algo=grpo", "algo.group_size=2"], ["trainer.mode=sync"]])
+@pytest.mark.parametrize("overrides", [["algo=grpo", "algo.group_size=2"], ["algo=grpo_dis", "algo.group_size=2"],
+                                       ["trainer.mode=sync"]])
 def test_grpo_and_sync_mode_run_in_the_same_pipeline(tmp_path, docker_client, overrides):
     out = tmp_path / "run"
     r = train(out, *overrides)
@@ -202,6 +203,8 @@ def test_grpo_and_sync_mode_run_in_the_same_pipeline(tmp_path, docker_client, ov
     if "algo=grpo" in overrides:
         assert "ppo/clipfrac" in rows[-1] and "value/loss" not in rows[-1]
         assert not (out / "checkpoints" / "step_2" / "critic").exists()
+    elif "algo=grpo_dis" in overrides:  # GRPO's groups, SAO's mask: no clip, no critic
+        assert "sao/mask_frac_low" in rows[-1] and "ppo/clipfrac" not in rows[-1] and "value/loss" not in rows[-1]
     else:
         assert rows[-1]["staleness/mean"] == 0.0  # sync: every rollout comes from the current policy
 

@@ -1,10 +1,12 @@
-"""The two algorithms, each one small object chosen once when the config is built:
-how advantages are estimated and which policy loss is used. The learner only calls them.
+"""The algorithms, each one small object chosen once when the config is built: how
+advantages are estimated and which policy loss is used. The learner only calls them.
 
 SAO (DESIGN.md, "The algorithm"): single rollout per prompt, ratio against the sampler's
 logprobs, strict two-sided token mask, a token-level critic with skip-observation GAE (or a
 running-mean baseline, the simple alternative). GRPO: G rollouts per prompt, group-normalised
 advantages, PPO clip against pi_old (the learner's weights at the start of the step).
+GRPO + DIS, the paper's fair baseline: GRPO's group advantages with SAO's policy loss (the
+ratio against the sampler's logprobs, the strict two-sided mask, no pi_old).
 """
 
 from __future__ import annotations
@@ -132,3 +134,34 @@ class GRPO:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+@dataclass
+class GRPODIS:
+    """GRPO's group-normalised advantages, SAO's DIS loss: each token's ratio is against the
+    logprob its sampler gave it, tokens outside 1 - eps_low < r < 1 + eps_high are dropped (no
+    clip, no pi_old), and the loss is a mean over the kept tokens, as in SAO."""
+
+    group_size: int = 8  # rollouts per prompt
+    eps_low: float = 0.8  # SAO's coding / SWE band
+    eps_high: float = 3.0
+    mask: bool = True  # False: no band (the ratio unbounded): an ablation, not a baseline
+    token_mean: str = "kept"
+    lr_policy: float = 1e-6
+    policy_minibatches: int = 1  # the ratio is against the sampler either way
+    name: str = "grpo_dis"
+    uses_critic: bool = False
+    critic_steps: int = 0
+    critic_warmup_steps: int = 0
+
+    def __post_init__(self):
+        if self.token_mean not in ("kept", "sampled"):
+            raise ValueError(f"algo.token_mean must be 'kept' or 'sampled', got {self.token_mean!r}")
+
+    advantages = GRPO.advantages
+    observe_rewards = GRPO.observe_rewards
+    state_dict = GRPO.state_dict
+    load_state_dict = GRPO.load_state_dict
+    _band = SAO._band
+    loss_tokens = SAO.loss_tokens
+    policy_loss = SAO.policy_loss
