@@ -126,6 +126,7 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["runtime=ray", "ray.rollout_actors=0"], "ray.rollout_actors = 0"),
     (["engine=vllm", "engine.options.sync_mode=later"], "engine.options.sync_mode = 'later'"),
     (["sandbox.memory_mb=-5"], "sandbox.memory_mb = -5"),
+    (["trainer.engine_lag=5"], "trainer.engine_lag = 5: is above trainer.max_staleness (4)"),
     (["sandbox.user=bob"], "sandbox.user = 'bob'"),
 ])
 def test_bad_values_are_named_with_field_and_value(overrides, named):

@@ -338,3 +338,33 @@ def test_gae_equals_plain_gae_on_the_sampled_tokens(mask_bits, gamma, lam, rewar
     kept = values[mask.bool()].tolist()
     expected = torch.tensor(plain_gae(reward, kept, gamma, lam), dtype=torch.float32)
     torch.testing.assert_close(adv[mask.bool()], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_running_mean_baseline_per_prompt_and_global():
+    """The paper's running mean: per prompt, the mean of that prompt's last 8 rewards; globally,
+    of the last W rewards of any prompt. A prompt not seen yet has baseline 0."""
+    from training.algos import SAO
+
+    per_prompt = SAO(baseline="running_mean", baseline_window=2)
+    per_prompt.observe_rewards(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([7, 9, 7, 7]))  # prompt 7 keeps its last 2
+    state = per_prompt.state_dict()
+    resumed = SAO(baseline="running_mean", baseline_window=2)
+    resumed.load_state_dict(state)
+    for algo in (per_prompt, resumed):
+        adv, _ = algo.advantages(_rows([0.0, 1.0, 1.0], [7, 9, 5]), None)
+        assert adv[:, 0].tolist() == [-1.0, 1.0, 1.0]  # 0 - mean(1, 1); 1 - 0; 1 - (nothing yet: 0)
+    globally = SAO(baseline="running_mean", baseline_scope="global", baseline_window=3)
+    globally.observe_rewards(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([7, 9, 7, 7]))  # last 3: 0, 1, 1
+    adv, _ = globally.advantages(_rows([0.0, 1.0], [7, 5]), None)
+    assert torch.allclose(adv[:, 0], torch.tensor([-2 / 3, 1 / 3]))
+    with pytest.raises(ValueError, match="baseline_scope"):
+        SAO(baseline="running_mean", baseline_scope="task")
+
+
+def _rows(rewards, keys):
+    from training.batch import Batch
+
+    n = len(rewards)
+    z = torch.zeros(n, 2)
+    return Batch(z.long(), z.long(), z.long(), torch.ones(n, 2), z, z.long(), torch.tensor(rewards), torch.arange(n),
+                 torch.tensor(keys))

@@ -107,3 +107,37 @@ def test_a_lost_rollout_is_drawn_again_not_counted_as_failed(monkeypatch):
     assert orch.rollouts_lost == 1 and orch.rollout_errors == 0
     assert len(trained) == len(set(trained)) == 8
     assert "0/0" in trained  # the lost key (the first drawn) came back
+
+
+def test_engine_lag_gives_the_engine_the_weights_of_k_versions_ago(monkeypatch):
+    """trainer.engine_lag=2: after step s the engine holds version s - 2 (nothing until step 3),
+    the weights as they were then, not the learner's live tensors."""
+    import torch
+
+    class Live(Learner):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.zeros(1)
+
+        def step(self, batch, group_ids):
+            self.w += 1  # in place, as an optimizer updates
+            return super().step(batch, group_ids)
+
+        def state_dict_for_engine(self):
+            return [("w", self.w)]
+
+    class Recording(Engine):
+        def __init__(self):
+            self.given = []
+
+        def update_weights(self, named_tensors, version):
+            self.version = version
+            self.given.append((version, float(named_tensors[0][1])))
+
+    monkeypatch.setattr(orchestrator, "rollout_and_grade", rollout(lambda task: False))
+    tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(8)]
+    cfg = RunConfig(batch_size=2, num_workers=2, max_steps=5, engine_lag=2, max_staleness=8)
+    engine, learner = Recording(), Live()
+    orch = Orchestrator(cfg, TaskSampler([Source("s", None, tasks, None)]), None, engine, learner, lambda *a: None)
+    asyncio.run(orch.run())
+    assert learner.version == 5 and engine.given == [(1, 1.0), (2, 2.0), (3, 3.0)]

@@ -28,7 +28,8 @@ class SAO:
     policy_lambda: float | None = None  # None: length-adaptive 1 - 1/(1.5 l)
     critic_lambda: float = 1.0  # Monte-Carlo value targets
     baseline: str = "critic"  # or "running_mean"
-    baseline_window: int = 64
+    baseline_scope: str = "prompt"  # running mean: of each prompt's own last rewards, or "global" (all prompts')
+    baseline_window: int = 8  # rewards in the running mean (the paper: 8 per prompt; 128 global online)
     critic_steps: int = 2  # K critic updates per policy update
     critic_warmup_steps: int = 10  # critic-only steps before the first policy update
     freeze_critic_attention: bool = True
@@ -46,7 +47,10 @@ class SAO:
             raise ValueError(f"algo.baseline must be 'critic' or 'running_mean', got {self.baseline!r}")
         if self.token_mean not in ("kept", "sampled"):
             raise ValueError(f"algo.token_mean must be 'kept' or 'sampled', got {self.token_mean!r}")
+        if self.baseline_scope not in ("prompt", "global"):
+            raise ValueError(f"algo.baseline_scope must be 'prompt' or 'global', got {self.baseline_scope!r}")
         self._history = deque(maxlen=self.baseline_window)
+        self._by_prompt: dict[int, deque] = {}
 
     @property
     def uses_critic(self) -> bool:
@@ -55,16 +59,23 @@ class SAO:
     def advantages(self, mb: Batch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages [B, L], value targets [B, L] or None) for a whole batch."""
         if not self.uses_critic:
-            history = torch.tensor(list(self._history), dtype=torch.float)
-            adv = losses.running_mean_advantages(mb.rewards, history)
+            if self.baseline_scope == "global":
+                adv = losses.running_mean_advantages(mb.rewards, torch.tensor(list(self._history), dtype=torch.float))
+            else:  # each row against its own prompt's recent rewards (none yet: baseline 0)
+                adv = torch.stack([losses.running_mean_advantages(
+                    r.view(1), torch.tensor(list(self._by_prompt.get(int(k), ())), dtype=torch.float))[0]
+                    for r, k in zip(mb.rewards, mb.prompt_keys)]) if len(mb) else mb.rewards
             return losses.broadcast_to_tokens(adv, mb.loss_mask), None
         adv, _ = losses.skip_observation_gae(mb.rewards, values, mb.loss_mask, self.gamma, self.policy_lambda)
         _, returns = losses.skip_observation_gae(mb.rewards, values, mb.loss_mask, self.gamma, self.critic_lambda)
         return adv, returns
 
-    def observe_rewards(self, rewards: torch.Tensor) -> None:
+    def observe_rewards(self, rewards: torch.Tensor, prompt_keys: torch.Tensor | None = None) -> None:
         """After a step: the running-mean baseline sees this batch's rewards."""
         self._history.extend(rewards.tolist())
+        if prompt_keys is not None:
+            for r, k in zip(rewards.tolist(), prompt_keys.tolist()):
+                self._by_prompt.setdefault(k, deque(maxlen=self.baseline_window)).append(r)
 
     @property
     def _band(self) -> tuple[float, float]:
@@ -84,10 +95,12 @@ class SAO:
                                       *self._band, normalizer=normalizer, mean_over=self.token_mean)
 
     def state_dict(self) -> dict:
-        return {"history": list(self._history)}
+        return {"history": list(self._history), "by_prompt": {str(k): list(v) for k, v in self._by_prompt.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self._history.extend(state.get("history", []))
+        for k, v in state.get("by_prompt", {}).items():
+            self._by_prompt.setdefault(int(k), deque(maxlen=self.baseline_window)).extend(v)
 
 
 @dataclass
@@ -113,7 +126,7 @@ class GRPO:
         adv = losses.grpo_advantages(rewards).view(-1)
         return losses.broadcast_to_tokens(adv, mb.loss_mask), None
 
-    def observe_rewards(self, rewards) -> None:
+    def observe_rewards(self, rewards, prompt_keys=None) -> None:
         pass
 
     def loss_tokens(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:

@@ -10,6 +10,7 @@ about to be sampled.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, fields
 from typing import Iterator
 
@@ -28,6 +29,7 @@ class Batch:
     policy_version: torch.Tensor  # [B, L] long, the version that sampled targets[i]; -1 off-mask
     rewards: torch.Tensor  # [B] float
     group_ids: torch.Tensor  # [B] long, rollouts of the same prompt share an id (GRPO)
+    prompt_keys: torch.Tensor  # [B] long, a stable id of each row's task (source and instance id), across batches
 
     @property
     def num_tokens(self) -> int:
@@ -77,7 +79,14 @@ def pack(trajectories: list[Trajectory], pad_id: int = 0, group_ids: list[int] |
         version[b, span] = torch.tensor(t.policy_version, dtype=torch.long)
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float)
     groups = torch.tensor(group_ids if group_ids is not None else list(range(B)), dtype=torch.long)
-    return Batch(input_ids, attention, targets, loss_mask, behaviour, version, rewards, groups)
+    keys = torch.tensor([prompt_key(t) for t in trajectories], dtype=torch.long)
+    return Batch(input_ids, attention, targets, loss_mask, behaviour, version, rewards, groups, keys)
+
+
+def prompt_key(t: Trajectory) -> int:
+    """The same int64 for every rollout of one task of one source, in any batch or process."""
+    name = f"{t.info.get('source', '')}/{t.instance_id}".encode()
+    return int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little", signed=True)
 
 
 def micro_batch_rows(batch: Batch, token_budget: int) -> list[list[int]]:

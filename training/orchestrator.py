@@ -11,6 +11,7 @@ in threads; the stream and the bookkeeping stay on the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -103,6 +104,7 @@ class RunConfig:
     checkpoint_every: int = 10
     max_staleness: int = 4
     stale_policy: str = "drop"
+    engine_lag: int = 0  # the engine samples with the policy of this many versions ago
     max_in_flight: int | None = None  # default: batch_size + num_workers * group_size
     max_failed_in_a_row: int = 32  # rollouts failing back to back (Docker gone, say): the run stops
     seed: int = 0
@@ -130,6 +132,7 @@ class Orchestrator:
         self._failed_in_a_row = 0
         self._wait_s = 0.0
         self._start = 0.0
+        self._past: collections.deque = collections.deque()  # engine_lag: the weights not yet given to the engine
         self.stop_reason: str | None = None  # set by `request_stop`: the run ends after the step under way
         self._stop = asyncio.Event()
 
@@ -262,8 +265,10 @@ class Orchestrator:
         self.step += 1
         if self.learner.version != version_before and self.step % self.cfg.sync_every == 0:
             t1 = time.monotonic()
-            await asyncio.to_thread(self.engine.update_weights, self.learner.state_dict_for_engine(), self.learner.version)
-            metrics["time/weight_sync_s"] = time.monotonic() - t1
+            synced = self._lagged(self.learner.state_dict_for_engine(), self.learner.version)
+            if synced is not None:
+                await asyncio.to_thread(self.engine.update_weights, *synced)
+                metrics["time/weight_sync_s"] = time.monotonic() - t1
         elapsed = max(time.monotonic() - self._start, 1e-9)
         metrics.update(self.stream.metrics(batch, version_before))
         metrics.update({
@@ -283,6 +288,18 @@ class Orchestrator:
         for reason in EXIT_REASONS:
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
         self.on_step(self.step, metrics, batch)
+
+    def _lagged(self, weights, version: int):
+        """(weights, version) for the engine: the latest, or with `engine_lag` = k those of k
+        versions ago (None until there are k + 1: the engine keeps what it has). The copies
+        are the learner's weights as they were: a list of tensors is cloned, a handle to an
+        object store (runtime=ray) is already a snapshot."""
+        if not self.cfg.engine_lag:
+            return weights, version
+        if isinstance(weights, list):
+            weights = [(name, t.detach().to("cpu", copy=True)) for name, t in weights]
+        self._past.append((weights, version))
+        return self._past.popleft() if len(self._past) > self.cfg.engine_lag else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "sampler": self.sampler.state_dict(), "stream": self.stream.state_dict()}

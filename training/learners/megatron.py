@@ -245,7 +245,7 @@ class MegatronLearner:
             self.version += 1
         elif self.last_stage:  # no update, but the same health metrics (mask fractions, ratio)
             metrics.update(policy_health(self.algo, batch, advantages, old_logp, n_sampled))
-        self.algo.observe_rewards(batch.rewards)
+        self.algo.observe_rewards(batch.rewards, batch.prompt_keys)
         self.step_count += 1
         metrics["learner/step"] = float(self.step_count)
         metrics["learner/version"] = float(self.version)
