@@ -8,6 +8,7 @@ is one of `EXIT_REASONS`; control flow at those edges is a few exceptions.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,12 @@ class AgentConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     family: str = "hermes"
+    # long-tail tool latency (any env): each rollout, after its first turn's tool calls, spends a
+    # Pareto(latency_alpha) draw of seconds (at least latency_scale_s, at most latency_max_s) as a
+    # real `sleep` in its sandbox, seeded by the rollout; None: off. alpha 1.5: mean 3 x scale
+    latency_alpha: float | None = None
+    latency_scale_s: float = 0.5
+    latency_max_s: float = 120.0
     system_prompt: str = field(default_factory=lambda: (PROMPTS / "system.txt").read_text())
     format_error_prompt: str = field(default_factory=lambda: (PROMPTS / "format_error.txt").read_text())
 
@@ -106,6 +113,8 @@ class Agent:
                 if not ended and traj.num_tokens >= cfg.max_tokens:
                     raise RolloutExit("context_full")
                 observations, submitted = self._act(parsed, tools, timings)
+                if turn == 0 and cfg.latency_alpha:
+                    traj.info["latency_s"] = self._long_tail(sandbox, seed, timings)
                 if parsed.error or not parsed.calls:
                     format_errors += 1
                     if format_errors >= cfg.max_format_errors:
@@ -131,6 +140,16 @@ class Agent:
         timings["total"] = time.monotonic() - start
         traj.timings = timings
         return traj
+
+    def _long_tail(self, sandbox: Sandbox, seed: int | None, timings: dict) -> float:
+        """Sleep a heavy-tailed draw of seconds in the sandbox (`AgentConfig.latency_alpha`)."""
+        cfg = self.config
+        u = random.Random(seed).random()
+        seconds = min(cfg.latency_scale_s * (1.0 - u) ** (-1.0 / cfg.latency_alpha), cfg.latency_max_s)
+        t0 = time.monotonic()
+        sandbox.exec(f"sleep {seconds:.3f}", timeout=seconds + 30)
+        timings["tools"] += time.monotonic() - t0
+        return seconds
 
     def _act(self, parsed, tools: ToolBox, timings: dict) -> tuple[list[dict], bool]:
         """Run the turn's calls; returns the tool messages and whether `submit` was called."""

@@ -167,3 +167,18 @@ def test_a_rollout_as_a_non_root_user_solves_and_is_graded(calc_task, tokenizer)
     tool_outputs = [m["content"] for m in traj.messages if m["role"] == "tool"]
     assert "1000" in tool_outputs[0] and traj.exit_reason == "submitted"
     assert traj.reward == 1.0, traj.info
+
+
+def test_long_tail_latency_is_a_seeded_sleep_in_the_sandbox(make_sandbox, calc_task, tokenizer):
+    """agent.latency_alpha: after the first turn the rollout spends a Pareto draw of seconds in
+    its sandbox; the same seed draws the same latency, within [scale, max]."""
+    cfg = AgentConfig(latency_alpha=1.2, latency_scale_s=0.1, latency_max_s=0.6)
+    turns = [call("bash", command="true"), call("submit")]
+    a = Agent(ScriptedEngine(tokenizer, turns), tokenizer, cfg).run(calc_task, SWEEnv(), make_sandbox(), seed=11)
+    b = Agent(ScriptedEngine(tokenizer, turns), tokenizer, cfg).run(calc_task, SWEEnv(), make_sandbox(), seed=11)
+    assert a.exit_reason == b.exit_reason == "submitted"
+    assert a.info["latency_s"] == b.info["latency_s"] and 0.1 <= a.info["latency_s"] <= 0.6
+    assert a.timings["tools"] >= a.info["latency_s"]  # it was spent, not just drawn
+    sb, agent = make_sandbox(), Agent(ScriptedEngine(tokenizer, turns), tokenizer, cfg)
+    draws = {agent._long_tail(sb, s, {"tools": 0.0}) for s in range(3)}
+    assert len(draws) == 3  # other seeds, other latencies

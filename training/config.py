@@ -46,7 +46,9 @@ def _check_agent(fields, prefix: str) -> None:
         if name not in known:
             _fail(f"{prefix}.{name}", fields[name], f"not an agent setting (known: {', '.join(sorted(known))})")
     _at_least(fields, prefix, ("max_turns", "max_tokens", "max_new_tokens"), 1)
-    _at_least(fields, prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p"), 0)
+    _at_least(fields, prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p", "latency_scale_s",
+                               "latency_max_s"), 0)
+    _at_least(fields, prefix, ("latency_alpha",), 0.01)  # (null: off)
 
 
 def _check_env_options(env: str, options, prefix: str) -> None:
