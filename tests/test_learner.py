@@ -53,6 +53,20 @@ def test_critic_warmup_then_policy_updates(tiny):
     assert any(not torch.equal(p0[k], v) for k, v in params(learner.policy).items())
 
 
+def test_critic_warmup_as_a_learning_rate_ramp(tiny):
+    """algo.critic_warmup=lr: the policy updates from the first step; the critic's learning
+    rate climbs lr/N, 2 lr/N, ... to lr_critic over the N warm-up steps, then stays."""
+    learner = TorchLearner(tiny, SAO(critic_warmup_steps=4, critic_warmup="lr", lr_policy=1e-3, lr_critic=1e-3))
+    lrs = []
+    for _ in range(5):
+        m = learner.step(BATCH)
+        lrs.append(m["value/lr"])
+    assert learner.version == 5 and "sao/loss" in m
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    with pytest.raises(ValueError, match="critic_warmup"):
+        SAO(critic_warmup="cosine")
+
+
 def test_running_mean_baseline_has_no_critic_to_warm_up(tiny):
     learner = TorchLearner(tiny, SAO(baseline="running_mean", critic_warmup_steps=10, lr_policy=1e-3))
     m = learner.step(BATCH)

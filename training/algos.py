@@ -31,7 +31,9 @@ class SAO:
     baseline_scope: str = "prompt"  # running mean: of each prompt's own last rewards, or "global" (all prompts')
     baseline_window: int = 8  # rewards in the running mean (the paper: 8 per prompt; 128 global online)
     critic_steps: int = 2  # K critic updates per policy update
-    critic_warmup_steps: int = 10  # critic-only steps before the first policy update
+    critic_warmup_steps: int = 10  # the critic's warm-up, in learner steps
+    critic_warmup: str = "steps"  # "steps": that many critic-only steps; "lr": the policy updates from
+    # the first step and the critic's learning rate rises linearly to lr_critic over them
     freeze_critic_attention: bool = True
     lr_policy: float = 1e-6
     lr_critic: float = 5e-6
@@ -47,6 +49,8 @@ class SAO:
             raise ValueError(f"algo.baseline must be 'critic' or 'running_mean', got {self.baseline!r}")
         if self.token_mean not in ("kept", "sampled"):
             raise ValueError(f"algo.token_mean must be 'kept' or 'sampled', got {self.token_mean!r}")
+        if self.critic_warmup not in ("steps", "lr"):
+            raise ValueError(f"algo.critic_warmup must be 'steps' or 'lr', got {self.critic_warmup!r}")
         if self.baseline_scope not in ("prompt", "global"):
             raise ValueError(f"algo.baseline_scope must be 'prompt' or 'global', got {self.baseline_scope!r}")
         self._history = deque(maxlen=self.baseline_window)
@@ -55,6 +59,16 @@ class SAO:
     @property
     def uses_critic(self) -> bool:
         return self.baseline == "critic"
+
+    def policy_updates_at(self, step: int) -> bool:
+        """Whether learner step `step` (from 0) updates the policy, with a critic to warm up."""
+        return self.critic_warmup == "lr" or step >= self.critic_warmup_steps
+
+    def critic_lr_at(self, step: int) -> float:
+        """The critic's learning rate at learner step `step` (from 0)."""
+        if self.critic_warmup == "lr" and self.critic_warmup_steps > 0:
+            return self.lr_critic * min(1.0, (step + 1) / self.critic_warmup_steps)
+        return self.lr_critic
 
     def advantages(self, mb: Batch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages [B, L], value targets [B, L] or None) for a whole batch."""

@@ -236,11 +236,15 @@ class MegatronLearner:
             advantages, returns = self.algo.advantages(batch, values)
             metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
+            for group in self.critic.optimizer.param_groups:
+                group["lr"] = self.algo.critic_lr_at(self.step_count)
+            if self.last_stage:
+                metrics["value/lr"] = self.algo.critic_lr_at(self.step_count)
             for _ in range(self.algo.critic_steps):
                 update = self._update(self.critic, packs, partial(self._value_loss, batch, returns, n_sampled))
                 update.pop("value/explained_var", None)
                 metrics.update(update)
-        if self.critic is None or self.step_count >= self.algo.critic_warmup_steps:
+        if self.critic is None or self.algo.policy_updates_at(self.step_count):
             metrics.update(self._policy_update(batch, advantages, old_logp))
             self.version += 1
         elif self.last_stage:  # no update, but the same health metrics (mask fractions, ratio)

@@ -116,12 +116,15 @@ class TorchLearner:
         advantages, returns = self.algo.advantages(batch, values)
         metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
+            for group in self.critic_opt.param_groups:
+                group["lr"] = self.algo.critic_lr_at(self.step_count)
+            metrics["value/lr"] = self.critic_opt.param_groups[0]["lr"]
             for _ in range(self.algo.critic_steps):
                 update = self._critic_update(batch, parts, returns, n_sampled)
                 update.pop("value/explained_var")
                 metrics.update(update)
         # the critic-only warm-up exists for a critic; the running-mean baseline has none to wait for
-        if self.critic is None or self.step_count >= self.algo.critic_warmup_steps:
+        if self.critic is None or self.algo.policy_updates_at(self.step_count):
             metrics.update(self._policy_update(batch, advantages, old_logp))
             self.version += 1
         else:  # no update (so no loss logged), but the same health metrics: mask fractions, ratio
