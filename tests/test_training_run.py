@@ -226,6 +226,28 @@ def test_torchrun_runs_data_parallel_ranks_and_resumes(tmp_path, docker_client):
     assert all(row["learner/replica_spread"] == 0.0 for row in rows)
 
 
+def test_value_pretraining_fits_a_critic_that_training_starts_from(tmp_path, docker_client):
+    out = tmp_path / "run"
+    base = [sys.executable, "-m", "training.value_pretrain", "+debug=tiny", "engine=hf", f"output_dir={out}",
+            f"run_id={RUN_ID}", "value_pretrain.rollouts=8"]
+    r = subprocess.run(base + ["value_pretrain.epochs=2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ckpt = out / "value_checkpoint"
+    summary = json.loads((ckpt / "value_pretrain.json").read_text())
+    assert summary["rollouts"] == 8 and [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    assert summary["epochs"][1]["value/loss"] < summary["epochs"][0]["value/loss"]  # the critic fits its targets
+    assert f"learner.value_checkpoint={ckpt}" in r.stderr
+    from transformers import AutoModelForTokenClassification
+
+    assert AutoModelForTokenClassification.from_pretrained(ckpt).config.num_labels == 1
+    r = train(tmp_path / "rl", "trainer.max_steps=1", "held_out=null", f"learner.value_checkpoint={ckpt}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert steps(tmp_path / "rl") == [1]
+    # an algo without a critic has nothing to pretrain: said, exit 2
+    r = subprocess.run(base + ["algo=grpo", "algo.group_size=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "value pretraining fits a critic" in r.stderr, r.stderr[-2000:]
+
+
 def test_a_bad_value_stops_the_run_at_once_with_its_field(tmp_path):
     res = train(tmp_path / "run", "trainer.mode=asnyc")
     assert res.returncode == 2, res.stderr[-2000:]
