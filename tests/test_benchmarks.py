@@ -86,3 +86,11 @@ def test_crash_drill_loses_no_rollout_and_leaves_no_container(docker_client):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["done"] == result["rollouts"] == result["resolved"] == 12 and result["done_twice"] == 0
     assert result["kills"] >= 1 and result["containers_left"] == 0
+
+
+def test_value_pretraining_benchmark_runs_both_ways(docker_client):
+    r = run("benchmarks.value_pretrain", "--quick")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(result["cold"]) == len(result["warm"]) == 2 and len(result["pretrain_epochs"]) == 1
+    assert "fresh value head" in r.stderr and "value pretrained" in r.stderr
