@@ -33,6 +33,9 @@ class SandboxPool:
         self.retries = retries
         self.engine_wait_s = engine_wait_s
         self._engine_lock = threading.Lock()
+        self._state = threading.Condition()  # guards _closed and _creating
+        self._closed = False
+        self._creating = 0  # containers being started now
         self._slots = threading.BoundedSemaphore(max_live)
         self._images: dict[str, SandboxError | None] = {}  # image -> None (here) or why it is not
         self._images_lock = threading.Lock()  # guards _image_locks and _pulling
@@ -49,7 +52,19 @@ class SandboxPool:
         self.wait_for_engine()
         self.ensure_image(image)
         with self._slots:
-            sb = self._start(image)
+            with self._state:
+                if self._closed:
+                    raise SandboxError(f"the sandbox pool of run {self.run_id} is closed (the run is ending)")
+                self._creating += 1
+            try:
+                sb = self._start(image)
+            finally:
+                with self._state:
+                    self._creating -= 1
+                    self._state.notify_all()
+            if self._closed:  # closed while this one started: its sweep may have run before it existed
+                sb.close()
+                raise SandboxError(f"the sandbox pool of run {self.run_id} is closed (the run is ending)")
             try:
                 yield sb
             finally:
@@ -142,4 +157,10 @@ class SandboxPool:
                 self.wait_for_engine()  # then start again; a SandboxError if it does not come back
 
     def close(self) -> None:
+        """Remove every sandbox of this run, those still in use included; a sandbox asked for
+        from now on is refused, and one being created meanwhile is waited for (up to 120 s), so
+        none is left behind by a process that exits right after."""
+        with self._state:
+            self._closed = True
+            self._state.wait_for(lambda: self._creating == 0, timeout=120)
         sweep(run_id=self.run_id, docker_client=self._client)

@@ -170,15 +170,28 @@ def test_a_docker_engine_restarted_mid_run_costs_rollouts_not_the_run(tmp_path, 
     """The engine goes away with rollouts in flight: those fail as infrastructure errors
     (counted, not trained on), new sandboxes wait for it, the run goes on when it is back."""
     out = tmp_path / "run"
-    proc = train(out, "trainer.max_steps=5", "held_out=null", wait=False)
+    # each rollout sleeps 2 s in its sandbox after its first turn (the long-tail latency option at
+    # a fixed value): the engine is restarted while one of them is in that sleep
+    proc = train(out, "trainer.max_steps=5", "held_out=null", "agent.latency_alpha=50", "agent.latency_scale_s=2",
+                 "agent.latency_max_s=2", wait=False)
     ours = {"label": [f"sao.run_id={RUN_ID}"]}
+
+    def sleeping() -> bool:
+        for c in docker_client.containers.list(filters=ours):
+            try:
+                if any("sleep 2.000" in " ".join(p) for p in c.top().get("Processes") or []):
+                    return True
+            except Exception:  # removed meanwhile
+                pass
+        return False
+
     try:
         deadline = time.time() + 600
-        while not ((out / "metrics.jsonl").exists() and steps(out) and docker_client.containers.list(filters=ours)):
+        while not ((out / "metrics.jsonl").exists() and steps(out) and sleeping()):
             assert proc.poll() is None, proc.stderr.read()[-4000:]
-            assert time.time() < deadline, "no step within 10 minutes"
-            time.sleep(0.2)
-        restart_dockerd(docker_client)  # with a rollout's sandbox running
+            assert time.time() < deadline, "no rollout in flight after a step within 10 minutes"
+            time.sleep(0.1)
+        restart_dockerd(docker_client)  # with a rollout's command running in its sandbox
         _, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
