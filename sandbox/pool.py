@@ -73,7 +73,7 @@ class SandboxPool:
     def wait_for_engine(self) -> None:
         """Return once the Docker engine answers; wait for it (one thread asks, the others queue
         behind it) up to `engine_wait_s`, then a SandboxError that says where and how to fix it."""
-        if self._answers():
+        if self._answers(fresh=False):  # the usual case, on a kept-alive connection
             return
         with self._engine_lock:
             deadline = time.monotonic() + self.engine_wait_s
@@ -88,10 +88,12 @@ class SandboxPool:
                 time.sleep(1.0)
             log.warning("the Docker engine answers again")
 
-    def _answers(self) -> bool:
-        """Whether the engine answers a new connection (one kept alive from before can still
-        reach an engine that is shutting down and no longer accepts any)."""
+    def _answers(self, fresh: bool = True) -> bool:
+        """Whether the engine answers; `fresh`: on a new connection (one kept alive from before
+        can still reach an engine that is shutting down and no longer accepts any)."""
         try:
+            if not fresh:
+                return bool(self._client.ping())
             fresh = docker.from_env(timeout=10)
             try:
                 return bool(fresh.ping())
