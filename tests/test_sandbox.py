@@ -250,9 +250,13 @@ def test_nothing_a_command_started_outlives_it(make_sandbox):
 
 
 def test_a_command_filling_the_disk_is_stopped_and_said(make_sandbox):
+    """A writer that never ends by itself: only the disk watch stops it (how far past the limit
+    it gets depends on the disk's speed and on how long the engine takes to measure the layer,
+    so the overshoot is measured in RELIABILITY.md, not asserted here)."""
     sb = make_sandbox(disk_mb=100)
-    r = sb.exec("dd if=/dev/zero of=/testbed/big bs=1M count=3000 status=none; echo wrote", timeout=120)
-    assert r.disk_full_mb == 100 and not r.ok and "disk limit (100 MB written) was passed" in r.describe()
+    r = sb.exec("while :; do head -c 10M /dev/zero >> /testbed/big; done; echo wrote", timeout=300)
+    assert r.disk_full_mb == 100 and not r.timed_out and not r.ok, r.describe()
+    assert "disk limit (100 MB written) was passed" in r.describe() and "wrote" not in r.output
     size = int(sb.exec("stat -c %s /testbed/big", timeout=30).output.split()[-1])
-    assert size < 1500 * 2**20  # stopped long before the 3 GB it asked for
+    assert size > 100 * 2**20
     assert sb.exec("rm /testbed/big && echo freed", timeout=30).ok  # the agent can clean up and go on
