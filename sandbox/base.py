@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -24,6 +26,12 @@ class Limits:
     disk_mb: int = 4096  # what a sandbox may write (its writable layer: the workspace, /tmp, installs)
     output_bytes: int = 64_000  # per exec, head and tail kept
     default_timeout_s: float = 120.0
+
+
+def valid_user(user) -> bool:
+    """Whether `Limits.user` can be used: a numeric uid or uid:gid other than 0 (images need no
+    account for a number), or None for root."""
+    return user is None or re.fullmatch(r"[1-9][0-9]*(:[0-9]+)?", str(user)) is not None
 
 
 @dataclass

@@ -13,7 +13,6 @@ import io
 import logging
 import os
 import posixpath
-import re
 import shlex
 import signal
 import socket
@@ -26,7 +25,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError, SandboxKilled
+from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError, SandboxKilled, valid_user
 
 log = logging.getLogger(__name__)
 # The capabilities a sandbox keeps (Docker's default set has 14): CHOWN, DAC_OVERRIDE, FOWNER
@@ -79,7 +78,7 @@ class DockerSandbox:
         self._oom_seen = 0
         self._n_exec = 0
         self._user = "root"  # whom commands run as: `limits.user` once `drop_privileges` is called
-        if limits.user is not None and not re.fullmatch(r"[1-9][0-9]*(:[0-9]+)?", str(limits.user)):
+        if not valid_user(limits.user):
             raise SandboxError(f"sandbox.user = {limits.user!r}: a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), "
                                "or null to run as root")
         ulimits = [docker.types.Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile)]

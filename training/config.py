@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import re
 from pathlib import Path
 from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
 from agent.engines import is_hub_name
+from sandbox.base import valid_user
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -88,9 +88,8 @@ def _check_sandbox(sandbox) -> None:
     _at_least(sandbox, "sandbox", ("memory_mb", "pids", "nofile", "nproc", "disk_mb", "output_bytes"), 1)
     _at_least(sandbox, "sandbox", ("cpus",), 0.01)
     _at_least(sandbox, "sandbox", ("default_timeout_s",), 0.001)
-    user = sandbox.get("user")
-    if user is not None and not re.fullmatch(r"[1-9][0-9]*(:[0-9]+)?", str(user)):
-        _fail("sandbox.user", user, "must be a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), or null for root")
+    if not valid_user(sandbox.get("user")):
+        _fail("sandbox.user", sandbox.get("user"), "must be a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), or null for root")
 
 
 def check(cfg: DictConfig) -> None:
