@@ -236,10 +236,11 @@ class MegatronLearner:
             advantages, returns = self.algo.advantages(batch, values)
             metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
+            lr = self.algo.critic_lr_at(self.step_count)
             for group in self.critic.optimizer.param_groups:
-                group["lr"] = self.algo.critic_lr_at(self.step_count)
+                group["lr"] = lr
             if self.last_stage:
-                metrics["value/lr"] = self.algo.critic_lr_at(self.step_count)
+                metrics["value/lr"] = lr
             for _ in range(self.algo.critic_steps):
                 update = self._update(self.critic, packs, partial(self._value_loss, batch, returns, n_sampled))
                 update.pop("value/explained_var", None)

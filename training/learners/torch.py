@@ -116,9 +116,10 @@ class TorchLearner:
         advantages, returns = self.algo.advantages(batch, values)
         metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
+            lr = self.algo.critic_lr_at(self.step_count)
             for group in self.critic_opt.param_groups:
-                group["lr"] = self.algo.critic_lr_at(self.step_count)
-            metrics["value/lr"] = self.critic_opt.param_groups[0]["lr"]
+                group["lr"] = lr
+            metrics["value/lr"] = lr
             for _ in range(self.algo.critic_steps):
                 update = self._critic_update(batch, parts, returns, n_sampled)
                 update.pop("value/explained_var")
