@@ -75,8 +75,9 @@ class Agent:
         start = clock()
         timings = {"generate": 0.0, "tools": 0.0}
         # an env may name its own tools and system prompt (a small verifiable env, say)
+        handlers = env.tool_handlers(task, sandbox) if hasattr(env, "tool_handlers") else None
         tools = ToolBox(sandbox, tools=getattr(env, "tools", DEFAULT_TOOLS), default_timeout_s=cfg.command_timeout_s,
-                        max_output_bytes=cfg.max_observation_bytes)
+                        max_output_bytes=cfg.max_observation_bytes, handlers=handlers)
         chat = ChatRenderer(self.tokenizer, tools.definitions, cfg.family)
         messages = [{"role": "system", "content": getattr(env, "system_prompt", None) or cfg.system_prompt}]
         try:

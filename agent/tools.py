@@ -175,6 +175,7 @@ class ToolBox:
         max_timeout_s: float = 600.0,
         max_output_bytes: int = 16_000,
         spec_file: Path = SPEC_FILE,
+        handlers: dict[str, Any] | None = None,
     ):
         self.sandbox = sandbox
         self.default_timeout_s = float(default_timeout_s)
@@ -186,6 +187,10 @@ class ToolBox:
         self._schemas = {d["function"]["name"]: d["function"]["parameters"] for d in self.definitions}
         self._handlers = {"bash": self._bash, "str_replace_editor": self._editor, "submit": self._submit,
                           "answer": self._answer}
+        # an env's own tools (schemas in tools.yaml too): name -> fn(**arguments) returning the
+        # observation text, or (text, True) to end the episode; a ValueError is the model's mistake
+        self._env_tools = set(handlers or {})
+        self._handlers.update(handlers or {})
         # path -> contents before each edit, newest last; None: the edit created the file
         self._history: dict[str, list[str | None]] = defaultdict(list)
 
@@ -198,7 +203,14 @@ class ToolBox:
             output = self._handlers[name](**args)
         except ToolError as e:
             return self._error(str(e))
-        return ToolResult(cap_text(output, self.max_output_bytes)[0], submitted=name in ENDING_TOOLS)
+        except ValueError as e:
+            if name not in self._env_tools:
+                raise
+            return self._error(str(e))
+        ended = name in ENDING_TOOLS
+        if isinstance(output, tuple):  # an env's tool: (text, whether the episode is over)
+            output, ended = output
+        return ToolResult(cap_text(output, self.max_output_bytes)[0], submitted=bool(ended))
 
     def _error(self, message: str) -> ToolResult:
         return ToolResult(cap_text(f"Error: {message}", self.max_output_bytes)[0], error=True)

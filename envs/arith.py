@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from agent.tools import ANSWER_FILE
-from envs.base import GradeResult, Task, register_env
+from envs.base import GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -67,3 +67,8 @@ class ArithEnv:
 
     def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult:
         return grade_answer(task, sandbox, lambda: task.extra["answer"])
+
+    def demonstrations(self, n: int, rng: random.Random, seed: int, max_operand: int = 9, **_) -> list[list[dict]]:
+        """`n` questions answered right through the `answer` tool (for the SFT warm start)."""
+        return [[{"role": "user", "content": t.problem_statement}, call_message("answer", value=t.extra["answer"])]
+                for t in make_arith_tasks(n, seed=seed, max_operand=max_operand)]

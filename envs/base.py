@@ -98,6 +98,12 @@ class Env(Protocol):
     def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult: ...
 
 
+def call_message(name: str, **arguments: Any) -> dict:
+    """An assistant turn that is one tool call, as a demonstration for an env's SFT writes it."""
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
 _REGISTRY: dict[str, Callable[..., Env]] = {}
 
 

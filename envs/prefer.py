@@ -13,7 +13,7 @@ import random
 import threading
 
 from envs.arith import grade_answer
-from envs.base import GradeResult, Task, register_env
+from envs.base import GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -60,3 +60,9 @@ class PreferEnv:
             expected = self.current()
             self._graded += 1
         return expected
+
+    def demonstrations(self, n: int, rng: random.Random, seed: int, **_) -> list[list[dict]]:
+        """`n` prompts answered with a uniformly random digit: the format is taught, the hidden
+        rule is not (only reward teaches it)."""
+        return [[{"role": "user", "content": t.problem_statement}, call_message("answer", value=str(rng.randint(0, 9)))]
+                for t in make_prefer_tasks(n, seed=seed)]

@@ -1,10 +1,21 @@
-"""The small verifiable envs, graded through the real `answer` tool in a real sandbox."""
+"""The small verifiable envs, graded through their real tools in a real sandbox."""
+
+import random
 
 import pytest
+from transformers import AutoTokenizer
 
-from agent.tools import ToolBox
+from agent.chat import ChatRenderer
+from agent.loop import Agent, AgentConfig
+from agent.rollout import rollout_and_grade
+from agent.tiny_model import build_tiny_model
+from agent.tools import ToolBox, load_definitions
 from envs.arith import ArithEnv, make_arith_tasks
+from envs.guess import GuessEnv, make_guess_tasks
 from envs.prefer import PreferEnv, make_prefer_tasks
+from sandbox.pool import SandboxPool
+from test_agent_loop import ScriptedEngine, call
+from training.sft import encode_demo
 
 pytestmark = pytest.mark.docker
 
@@ -35,3 +46,74 @@ def test_prefer_rewards_the_hidden_digit_and_can_drift(make_sandbox):
     drifting = PreferEnv(preferred="7,3", switch_every=2)
     assert [drifting.grade(task, sb).reward for _ in range(5)] == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert drifting.current() == "7"  # 5 graded: the third phase, back to the first digit
+
+
+def play(env, task, sandbox, strategy):
+    """Guesses through the env's own tool until the game ends; the observations."""
+    env.reset(task, sandbox)
+    tools = ToolBox(sandbox, tools=env.tools, handlers=env.tool_handlers(task, sandbox))
+    low, high, seen = task.extra["low"], task.extra["high"], []
+    while True:
+        result = tools.run("guess", {"value": str(strategy(low, high))})
+        assert not result.error
+        seen.append(result.output)
+        if result.submitted:
+            return seen
+        low, high = map(int, result.output.split("between ")[1].split(".")[0].split(" and "))
+
+
+def test_guess_rewards_finding_the_number_within_its_turns(make_sandbox):
+    env, sb = GuessEnv(turns=4), make_sandbox()
+    for task in make_guess_tasks(3, seed=5) + [make_guess_tasks(1, seed=0, low=1, high=15)[0]]:
+        seen = play(env, task, sb, lambda lo, hi: (lo + hi) // 2)  # the middle: never more than 4
+        assert seen[-1] == f"Correct: the number is {task.extra['secret']}."
+        assert env.grade(task, sb).reward == 1.0
+    task = next(t for t in make_guess_tasks(20, seed=1) if t.extra["secret"] > 4)
+    seen = play(env, task, sb, lambda lo, hi: lo)  # from the bottom up: out of guesses
+    assert len(seen) == 4 and seen[0].startswith("Higher: it is between 2 and 15. 3 guess(es) left")
+    assert seen[-1].endswith(f"No guesses left: the number was {task.extra['secret']}.")
+    graded = env.grade(task, sb)
+    assert graded.reward == 0.0 and graded.report["guesses"] == [1, 2, 3, 4]
+    # a guess that is not a number is the model's mistake: an error observation, no turn spent
+    env.reset(task, sb)
+    tools = ToolBox(sb, tools=env.tools, handlers=env.tool_handlers(task, sb))
+    bad = tools.run("guess", {"value": "seven"})
+    assert bad.error and not bad.submitted and "whole number" in bad.output
+    assert tools.run("guess", {"value": "1"}).output.endswith("3 guess(es) left.")
+    assert env.grade(task, sb).empty_patch is False and env.grade(task, sb).reward == 0.0
+
+
+def test_a_guess_rollout_through_the_agent_loop_is_graded(docker_client):
+    tok = AutoTokenizer.from_pretrained(build_tiny_model())
+    task = make_guess_tasks(1, seed=7)[0]
+    secret = task.extra["secret"]
+    turns = [call("guess", value="8"), "no call here", call("guess", value=str(secret))]
+    pool = SandboxPool("pytest-guess", max_live=2)
+    try:
+        traj = rollout_and_grade(Agent(ScriptedEngine(tok, turns), tok, AgentConfig(max_turns=6)), task, GuessEnv(), pool)
+    finally:
+        pool.close()
+    assert traj.exit_reason == "submitted" and traj.turns == 3 and traj.reward == 1.0
+    assert traj.info["grade"]["report"]["guesses"] == [8, secret]
+    observations = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert observations[0].startswith(("Higher: it is between 9", "Lower: it is between 1", "Correct"))
+
+
+def test_demonstrations_are_tokenised_as_the_loop_builds_a_rollout():
+    """SFT's guess games: random guesses inside the range left (about 60% found, as the odds
+    say), each assistant turn in the loss, the observations between them out of it."""
+    env = GuessEnv()
+    games = env.demonstrations(400, random.Random(3), seed=3)
+    found = sum(m["content"].startswith("Correct") for g in games for m in g if m["role"] == "tool") / len(games)
+    assert 0.5 < found < 0.72  # 0.604 for a uniform secret from 1 to 15 and 4 guesses
+    tok = AutoTokenizer.from_pretrained(build_tiny_model())
+    renderer = ChatRenderer(tok, load_definitions(names=env.tools))
+    game = next(g for g in games if len(g) >= 7)  # three guesses or more
+    ids, mask = encode_demo(renderer, env.system_prompt, game)
+    kept = tok.decode([i for i, m in zip(ids, mask) if m])
+    guesses = [m["tool_calls"][0]["function"]["arguments"]["value"] for m in game if m["role"] == "assistant"]
+    assert kept.count("<tool_call>") == len(guesses) and kept.count("<|im_end|>") == len(guesses)
+    assert all(f'"value": "{g}"' in kept for g in guesses)
+    dropped = tok.decode([i for i, m in zip(ids, mask) if not m])
+    assert "Higher" in dropped or "Lower" in dropped
+    assert game[-1]["content"] not in dropped  # the last observation ends the game, as in a rollout

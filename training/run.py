@@ -59,7 +59,9 @@ def prepare_model(model_cfg: DictConfig) -> str:
 
     import training.sft as sft_module
 
-    recipe = hashlib.sha1(Path(sft_module.__file__).read_bytes()).hexdigest()  # a new recipe, a new model
+    envs = list(model_cfg.sft.get("envs") or ["arith", "prefer"])
+    # a new recipe (sft.py, or an env's demonstrations), a new model
+    recipe = hashlib.sha1(b"".join(Path(f).read_bytes() for f in [sft_module.__file__, *env_files(envs)])).hexdigest()
     weights = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
     base = hashlib.sha1(b"".join(p.read_bytes() for p in weights)).hexdigest() if weights else path
     stamp = json.dumps({"base": base, "recipe": recipe, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
@@ -68,9 +70,18 @@ def prepare_model(model_cfg: DictConfig) -> str:
     if not (out / "stage.json").exists():
         console.print(f"SFT warm start: {model_cfg.sft.steps} steps on generated demonstrations -> {out}")
         sft(path, out, model_cfg.sft.steps, model_cfg.sft.examples, lr=model_cfg.sft.lr,
-            max_operand=model_cfg.sft.max_operand)
+            max_operand=model_cfg.sft.max_operand, envs=envs)
         (out / "stage.json").write_text(stamp)
     return str(out)
+
+
+def env_files(names: list[str]) -> list[str]:
+    """The source files of the named envs' classes (what their demonstrations are written in)."""
+    import inspect
+
+    from envs.base import make_env
+
+    return [inspect.getfile(type(make_env(name))) for name in names]
 
 
 def make_algo(cfg: DictConfig):
@@ -203,7 +214,8 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
     engine = engine or build_engine(cfg.engine, model_path)
     sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
     pool = SandboxPool(cfg.run_id, instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
-                       max_live=2 * cfg.trainer.num_workers + 1)  # a rollout's own sandbox and its grading one
+                       max_live=2 * cfg.trainer.num_workers + 1,  # a rollout's own sandbox and its grading one
+                       warm=cfg.sandbox.get("warm_pool", 0))
     run_cfg = RunConfig(**cfg.trainer)
     checkpoints = Checkpoints(out)
     orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None, rollout=rollout)

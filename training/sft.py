@@ -1,9 +1,10 @@
 """Supervised warm start on generated demonstrations (its own stage, before RL).
 
 A randomly initialised tiny model has never seen a tool call; a short SFT on demonstrations
-of the small envs (a question -> one `answer` call: the right sum for arith, a random digit
-for prefer, whose rule only reward can teach) teaches it the format, so that RL starts from
-a policy that answers well-formed and sometimes earns reward.
+of the small envs teaches it the format, so that RL starts from a policy that answers
+well-formed and sometimes earns reward. Each env writes its own (`env.demonstrations`): arith
+answers right, prefer names a random digit (its rule only reward can teach), guess plays at
+random inside the range left.
 
     python -m training.sft [--model DIR] [--out DIR] [--steps N] [--examples N] [--seed S]
 """
@@ -23,42 +24,66 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agent.chat import ChatRenderer
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 from agent.tools import load_definitions
-from envs.arith import ArithEnv, make_arith_tasks
-from envs.prefer import PreferEnv, make_prefer_tasks
+from envs.base import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "models" / "tiny-qwen2-sft"
 
 
-def demonstration(renderer: ChatRenderer, system: str, question: str, answer: str) -> tuple[list[int], list[int]]:
-    """(ids, loss mask) of one conversation; the mask covers the assistant's reply only."""
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    prompt_text = renderer.render(messages, add_generation_prompt=True)
-    reply = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "answer", "arguments": {"value": answer}}}]}
-    full_text = renderer.render(messages + [reply])
-    assert full_text.startswith(prompt_text)
-    # the reply ends at the end-of-turn token, as a sampled turn does
-    reply_text = full_text[len(prompt_text):].rstrip("\n")
-    prompt_ids, reply_ids = renderer.encode(prompt_text), renderer.encode(reply_text)
-    return prompt_ids + reply_ids, [0] * len(prompt_ids) + [1] * len(reply_ids)
+def encode_demo(renderer: ChatRenderer, system: str, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of one conversation, tokenised as the agent loop builds a trajectory:
+    the first prompt, each assistant turn (masked in, ending at its end-of-turn token, as a
+    sampled turn does) and the tool observations between turns (masked out). A trailing
+    observation is left out: a rollout ends at the turn that ends its episode."""
+    history = [{"role": "system", "content": system}]
+    ids: list[int] = []
+    mask: list[int] = []
+    pending: list[dict] = []  # observations since the last assistant turn
+    for message in messages:
+        if message["role"] != "assistant":
+            pending.append(message)
+            continue
+        if not ids:  # the first prompt: system, user, generation prompt
+            part = renderer.prompt_ids(history + pending)
+        else:
+            part = renderer.observation_ids(history, pending, sampled_eos=True)
+        history += pending
+        pending = []
+        ids, mask = ids + part, mask + [0] * len(part)
+        prompt_text = renderer.render(history, add_generation_prompt=True)
+        full_text = renderer.render(history + [message])
+        assert full_text.startswith(prompt_text)
+        reply = renderer.encode(full_text[len(prompt_text):].rstrip("\n"))
+        ids, mask = ids + reply, mask + [1] * len(reply)
+        history.append(message)
+    return ids, mask
+
+
+def demonstrations(envs: list[str], examples: int, rng: random.Random, seed: int, max_operand: int,
+                   tokenizer) -> list[tuple[list[int], list[int]]]:
+    """`examples` demonstrations shared evenly between `envs` (each env's own `demonstrations`:
+    conversations after its system prompt), tokenised with that env's tools."""
+    data = []
+    for i, name in enumerate(envs):
+        env = make_env(name)
+        if not hasattr(env, "demonstrations"):
+            raise ValueError(f"model.sft.envs: env {name!r} has no demonstrations to warm start on")
+        n = examples // len(envs) if i < len(envs) - 1 else examples - (len(envs) - 1) * (examples // len(envs))
+        renderer = ChatRenderer(tokenizer, load_definitions(names=env.tools))
+        data += [encode_demo(renderer, env.system_prompt, convo)
+                 for convo in env.demonstrations(n, rng, seed=seed, max_operand=max_operand)]
+    return data
 
 
 def sft(model_path: str, out: Path, steps: int = 150, examples: int = 2000, batch_size: int = 32,
-        lr: float = 2e-3, seed: int = 1234, max_operand: int = 9) -> dict:
-    """Train on `examples` demonstrations for `steps` steps and save to `out`; returns stats."""
+        lr: float = 2e-3, seed: int = 1234, max_operand: int = 9, envs: list[str] = ("arith", "prefer")) -> dict:
+    """Train on `examples` demonstrations of `envs` for `steps` steps and save to `out`; returns stats."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
-    arith, prefer = ArithEnv(), PreferEnv()
-    renderer = ChatRenderer(tokenizer, load_definitions(names=arith.tools))
-    # a seed far from the RL and evaluation seeds, so held-out questions stay held out in text;
-    # prefer prompts get a uniformly random digit: the format is taught, the hidden rule is not
-    data = [demonstration(renderer, arith.system_prompt, t.problem_statement, t.extra["answer"])
-            for t in make_arith_tasks(examples // 2, seed=seed, max_operand=max_operand)]
-    data += [demonstration(renderer, prefer.system_prompt, t.problem_statement, str(rng.randint(0, 9)))
-             for t in make_prefer_tasks(examples - examples // 2, seed=seed)]
+    # a seed far from the RL and evaluation seeds, so held-out questions stay held out in text
+    data = demonstrations(list(envs), examples, rng, seed, max_operand, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     with Progress() as progress:
@@ -86,7 +111,7 @@ def sft(model_path: str, out: Path, steps: int = 150, examples: int = 2000, batc
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    stats = {"steps": steps, "examples": examples, "loss_first": losses[0], "loss_last": losses[-1], "base": model_path}
+    stats = {"steps": steps, "examples": examples, "envs": list(envs), "loss_first": losses[0], "loss_last": losses[-1], "base": model_path}
     (out / "sft.json").write_text(json.dumps(stats, indent=2))
     return stats
 
@@ -100,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--max-operand", type=int, default=9)
+    p.add_argument("--envs", nargs="+", default=["arith", "prefer"], help="the envs whose demonstrations it trains on")
     args = p.parse_args(argv)
     model = args.model or str(build_tiny_model(DEFAULT_DIR))
-    stats = sft(model, args.out, args.steps, args.examples, lr=args.lr, seed=args.seed, max_operand=args.max_operand)
+    stats = sft(model, args.out, args.steps, args.examples, lr=args.lr, seed=args.seed, max_operand=args.max_operand,
+                envs=args.envs)
     print(f"sft: loss {stats['loss_first']:.3f} -> {stats['loss_last']:.3f}; saved {args.out}")
     return 0
 
