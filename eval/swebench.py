@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds for one run of a task's tests (swebench's default, 1800)")
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory of one sandbox")
     p.add_argument("--cpus", type=float, default=Limits.cpus, help="CPUs of one sandbox")
+    p.add_argument("--warm-pool", type=int, default=0,
+                   help="started containers kept ready per image (for --runs > 1 and grading's sandbox); 0: none")
     agent = p.add_argument_group("the agent (with --ckpt)")
     agent.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vllm where installed")
     agent.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
@@ -79,6 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("max_workers", "runs", "max_turns", "max_tokens", "max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warm_pool < 0:
+        p.error(f"--warm-pool must be at least 0, got {args.warm_pool}")
     for name in ("test_timeout", "rollout_timeout", "cpus"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -227,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         predictions = load_predictions(args.predictions, tasks) if args.predictions else None
         warn_about_eval_scripts(tasks)
         env = make_env("swe", test_timeout_s=args.test_timeout)
-        pool = SandboxPool(args.run_id, Limits(memory_mb=args.memory_mb, cpus=args.cpus), max_live=args.max_workers)
+        pool = SandboxPool(args.run_id, Limits(memory_mb=args.memory_mb, cpus=args.cpus), max_live=args.max_workers,
+                           warm=args.warm_pool)
     except (DatasetError, PredictionsError, SandboxError, UsageError) as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return 2

@@ -90,6 +90,9 @@ def _check_sandbox(sandbox) -> None:
     _at_least(sandbox, "sandbox", ("default_timeout_s",), 0.001)
     if not valid_user(sandbox.get("user")):
         _fail("sandbox.user", sandbox.get("user"), "must be a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), or null for root")
+    warm = sandbox.get("warm_pool", 0)
+    if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
+        _fail("sandbox.warm_pool", warm, "must be a whole number >= 0 (started containers kept ready per image; 0: none)")
 
 
 def check(cfg: DictConfig) -> None:

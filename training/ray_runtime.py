@@ -364,11 +364,13 @@ class RolloutActor:
         engine = RouterClient(router)
         self.sources = {spec.get("name", spec.env): (make_source_env(spec), make_agent(engine, tokenizer, cfg, spec.get("agent")))
                         for spec in cfg.sources}
-        limits = Limits(**{k: v for k, v in OmegaConf.to_container(cfg.sandbox).items() if k != "_target_"}) \
+        limits = Limits(**{k: v for k, v in OmegaConf.to_container(cfg.sandbox).items()
+                           if k not in ("_target_", "warm_pool")}) \
             if "_target_" in cfg.sandbox else Limits()
         # a run id of its own: closing one worker's pool sweeps its containers, not the others';
         # two sandboxes a rollout: its own and the clean one made ready for its grading
-        self.pool = SandboxPool(f"{cfg.run_id}-w{index}", limits, max_live=2 * slots)
+        self.pool = SandboxPool(f"{cfg.run_id}-w{index}", limits, max_live=2 * slots,
+                                warm=cfg.sandbox.get("warm_pool", 0))
 
     def rollout(self, source: str, task, seed: int):
         from agent.rollout import rollout_and_grade

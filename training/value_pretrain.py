@@ -111,7 +111,7 @@ def main(cfg: DictConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = build_engine(cfg.engine, model_path)
     pool = SandboxPool(f"{cfg.run_id}-value", instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
-                       max_live=2 * cfg.trainer.num_workers + 1)
+                       max_live=2 * cfg.trainer.num_workers + 1, warm=cfg.sandbox.get("warm_pool", 0))
     try:
         sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
         rollouts = collect(cfg, sampler, pool, vp.rollouts)
