@@ -1,7 +1,8 @@
 """The warm pool (`SandboxPool(warm=N)`, `sandbox.warm_pool`) on real containers: a warm
-sandbox is handed out and works, each is used once, none outlives `close()` or a dead run.
-No timing is asserted: speed is in BENCHMARKS.md."""
+sandbox is handed out and works, each is used once, none outlives `close()` or a dead run, and
+the sandbox benchmark runs both ways. No timing is asserted: speed is in BENCHMARKS.md."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -166,3 +167,21 @@ def test_bad_warm_values_are_refused_naming_field_and_value():
         with pytest.raises(ConfigError, match=f"config field sandbox.warm_pool = {shown}: must be a whole number"):
             check(composed(f"sandbox.warm_pool={value}"))
 
+
+@pytest.mark.docker
+def test_sandbox_benchmark_quick_measures_both_modes(tmp_path, docker_client):
+    out, png = tmp_path / "sandbox.json", tmp_path / "sandbox.png"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.sandbox", "--quick", "--output", str(out), "--plot", str(png)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["concurrency"] == [1, 2] and set(result["modes"]) == {"cold", "warm"}
+    for mode in result["modes"].values():
+        assert set(mode) == {"1", "2"}
+        for cell in mode.values():
+            for op in ("create", "first_exec", "remove", "grade"):
+                assert cell[op]["samples_s"] and 0 < cell[op]["p50_s"] <= cell[op]["p95_s"]
+            assert cell["graded"] == cell["resolved"] >= 1  # gold patches resolve
+    assert sum(c["handed_warm"] for c in result["modes"]["cold"].values()) == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert "warm p50 s" in r.stdout and "first exec" in r.stdout
