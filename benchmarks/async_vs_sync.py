@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from statistics import mean
 
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import rates, train
+
 COLUMNS = {  # label: (metric of a run, format)
     "rollouts/s": ("rollouts_per_s", "{:.2f}"),
     "s / step": ("seconds_per_step", "{:.2f}"),
@@ -36,26 +35,11 @@ COLUMNS = {  # label: (metric of a run, format)
 
 
 def one_run(mode: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "training.run", f"trainer.mode={mode}", f"trainer.max_steps={args.steps}",
-           f"trainer.batch_size={args.batch_size}", f"trainer.num_workers={args.workers}",
-           f"trainer.checkpoint_every={args.steps}", f"engine={args.engine}", "held_out=null", "resume=false",
-           f"output_dir={out}", f"run_id=bench-{mode}-{int(time.time())}", *args.overrides]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{mode} run failed:\n{r.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    last = rows[-1]
-    # from the end of the first step on: both modes then pay the same start-up
-    span = last["time/elapsed_s"] - rows[0]["time/elapsed_s"]
-    steps = len(rows) - 1
-    return {
-        "rollouts_per_s": steps * args.batch_size / span,
-        "seconds_per_step": span / steps,
-        "learner_idle_frac": last["time/learner_idle_frac"],
-        "engine_idle_frac": last["time/engine_idle_frac"],
-        "staleness_mean": mean(r["staleness/mean"] for r in rows),
-        "reward_mean": mean(r["reward/mean"] for r in rows),
-    }
+    """One training run in `mode` (async or sync) with the CLI's sizes; its rates."""
+    train([f"trainer.mode={mode}", f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch_size}",
+           f"trainer.num_workers={args.workers}", f"trainer.checkpoint_every={args.steps}", f"engine={args.engine}",
+           *args.overrides], out, mode)
+    return rates(out, args.batch_size)
 
 
 def main(argv: list[str] | None = None) -> int:
