@@ -2,8 +2,8 @@
 
 The agent guesses through the `guess` tool; each reply says `higher` or `lower` and the range
 still possible, or that it found the number (which ends the episode). Reward 1 when the number
-is found within `turns` guesses. Guessing the middle of the range finds any of 15 numbers in 4
-guesses; guessing anywhere inside the range finds it 60% of the time (uniform secret), and a
+is found within `turns` guesses. Guessing the middle of the range finds any of 7 numbers in 3
+guesses; guessing anywhere inside the range finds it 68% of the time (uniform secret), and a
 guess outside it wastes a turn. So the first guesses decide the outcome, the reward comes only
 at the end, and a per-token value has something to learn: what is left of the range after each
 reply. The SFT warm start (`demonstrations`) teaches the format and guesses inside the range at
@@ -25,7 +25,7 @@ from sandbox.docker import DEFAULT_IMAGE
 GUESS_FILE = "/testbed/.guesses"
 
 
-def make_guess_tasks(n: int, seed: int = 0, low: int = 1, high: int = 15) -> list[Task]:
+def make_guess_tasks(n: int, seed: int = 0, low: int = 1, high: int = 7) -> list[Task]:
     """`n` tasks, each a secret drawn uniformly from [low, high] (in `extra`)."""
     if not low < high:
         raise ValueError(f"guess tasks: low ({low}) must be below high ({high})")
@@ -70,7 +70,7 @@ class _Game:
 class GuessEnv:
     tools = ("guess",)
 
-    def __init__(self, turns: int = 4, image: str = DEFAULT_IMAGE):
+    def __init__(self, turns: int = 3, image: str = DEFAULT_IMAGE):
         if int(turns) < 1:
             raise ValueError(f"env.turns must be at least 1, got {turns}")
         self.turns = int(turns)

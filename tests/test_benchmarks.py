@@ -94,3 +94,35 @@ def test_value_pretraining_benchmark_runs_both_ways(docker_client):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(result["cold"]) == len(result["warm"]) == 2 and len(result["pretrain_epochs"]) == 1
     assert "fresh value head" in r.stderr and "value pretrained" in r.stderr
+
+
+# the guess env's SFT shrunk to seconds: these check the benchmarks' plumbing, not learning
+QUICK_GUESS = ("engine=hf", "model.sft.steps=4", "model.sft.examples=64", "trainer.num_workers=4",
+               "model.algo_overrides.critic_warmup_steps=0")  # SAO's policy versions start at step 1
+
+
+def test_learning_benchmark_runs_each_algo_at_each_staleness(tmp_path, docker_client):
+    out, png = tmp_path / "learning.json", tmp_path / "learning.png"
+    r = run("benchmarks.learning", "--quick", "--output", str(out), "--plot", str(png), *QUICK_GUESS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {(c["name"], c["lag"]) for c in result["cases"]} == {("sao", 2), ("grpo", 2)}
+    for case in result["cases"]:
+        (rows,) = case["runs"]
+        assert [row["step"] for row in rows] == [1, 2, 3]
+        assert 0 <= case["summary"]["final"] <= 1
+        # the engine samples with the policy of 2 versions ago: step 3 (version 2) trains on version 0's
+        assert rows[-1]["staleness/mean"] == 2
+    sao = next(c for c in result["cases"] if c["name"] == "sao")
+    assert any("policy/grad_norm" in row for row in sao["runs"][0]) and "value/grad_norm" in sao["runs"][0][0]
+    assert png.stat().st_size > 0 and "reward, last quarter" in r.stdout
+
+
+def test_long_run_benchmark_runs_sao_and_grpo_side_by_side(tmp_path, docker_client):
+    out, png = tmp_path / "long.json", tmp_path / "long.png"
+    r = run("benchmarks.long_run", "--quick", "--output", str(out), "--plot", str(png), *QUICK_GUESS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"sao", "grpo"} and all(len(rows) == 4 for rows in result["runs"].values())
+    assert all(row["length"] > 0 for rows in result["runs"].values() for row in rows)
+    assert png.stat().st_size > 0 and "worst 10-step mean after best" in r.stdout

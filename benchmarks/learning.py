@@ -1,0 +1,181 @@
+"""SAO against the baselines the paper compares it with, on the same env, model and number of
+samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled staleness
+(`trainer.engine_lag`), over seeds; and the paper's Table 4 ablations in miniature.
+
+    python -m benchmarks.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
+        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean]
+        [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
+        [--experiment guess] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
+
+Every case is `python -m training.run +experiment=<experiment>` with the same batch of
+rollouts per step (SAO: that many prompts x 1; GRPO: prompts x 8) and the same steps, so the
+same samples. Prints, per case, the mean reward over the last quarter of the steps (mean and
+spread over seeds), the best step's reward and the samples per second; writes every run's
+per-step rows (reward, masked fractions, gradient norms, explained variance, logprob
+mismatch, staleness) as JSON, and a plot of reward against samples and against wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.common import train
+
+# case -> overrides (on top of the experiment). running_mean: SAO's loss with A = r - the mean
+# of the prompt's 8 most recent rewards instead of a critic (the paper's ablation)
+ALGOS = {
+    "sao": ["algo=sao"],
+    "grpo": ["algo=grpo"],
+    "grpo_dis": ["algo=grpo_dis"],
+    "running_mean": ["algo=sao", "algo.baseline=running_mean"],
+}
+# the paper's Table 4, each one change to SAO
+ABLATIONS = {
+    "one_critic_update": ["algo=sao", "algo.critic_steps=1"],
+    "full_critic": ["algo=sao", "algo.freeze_critic_attention=false"],
+    "no_mask": ["algo=sao", "algo.mask=false"],
+    "running_mean": ALGOS["running_mean"],
+}
+KEPT = ("step", "reward/mean", "time/elapsed_s", "staleness/mean", "sao/kept_frac", "sao/mask_frac_low",
+        "sao/mask_frac_high", "ppo/clipfrac", "policy/grad_norm", "value/grad_norm", "value/explained_var",
+        "sao/logprob_mismatch_pre", "sao/logprob_mismatch_fresh", "tokens/sampled")
+
+
+def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Path) -> list[dict]:
+    label = f"{name}-lag{lag}-s{seed}"
+    out = tmp / label
+    train([f"+experiment={args.experiment}", *overrides, f"seed={seed}", f"trainer.max_steps={args.steps}",
+           f"trainer.batch_size={args.batch_size}", f"trainer.engine_lag={lag}",
+           f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={args.steps}", *args.overrides],
+          out, label)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: r[k] for k in KEPT if r.get(k) is not None} for r in rows]
+
+
+def summary(runs: list[list[dict]], batch_size: int) -> dict[str, float]:
+    """Over seeds: the mean reward of the last quarter of the steps, the first quarter's, the
+    best step's, and samples per second from the end of the first step on."""
+    def quarter(rows, last):
+        k = max(1, len(rows) // 4)
+        part = rows[-k:] if last else rows[:k]
+        return statistics.mean(r["reward/mean"] for r in part)
+
+    finals = [quarter(rows, True) for rows in runs]
+    rates = [(len(rows) - 1) * batch_size / (rows[-1]["time/elapsed_s"] - rows[0]["time/elapsed_s"])
+             for rows in runs if len(rows) > 1 and rows[-1]["time/elapsed_s"] > rows[0]["time/elapsed_s"]]
+    return {"first": statistics.mean(quarter(rows, False) for rows in runs), "final": statistics.mean(finals),
+            "final_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+            "best": statistics.mean(max(r["reward/mean"] for r in rows) for rows in runs),
+            "samples_per_s": statistics.mean(rates) if rates else 0.0}
+
+
+def plot(results: dict, batch_size: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lags = sorted({c["lag"] for c in results["cases"]})
+    fig, axes = plt.subplots(2, len(lags) + 1, figsize=(4.2 * (len(lags) + 1), 7), squeeze=False)
+    for col, lag in enumerate(lags):
+        for case in (c for c in results["cases"] if c["lag"] == lag and c["group"] == "algo"):
+            runs = case["runs"]
+            n = min(len(r) for r in runs)
+            mean = [statistics.mean(r[i]["reward/mean"] for r in runs) for i in range(n)]
+            smooth = [statistics.mean(mean[max(0, i - 4): i + 1]) for i in range(n)]
+            samples = [(i + 1) * batch_size for i in range(n)]
+            seconds = [statistics.mean(r[i]["time/elapsed_s"] for r in runs) for i in range(n)]
+            axes[0][col].plot(samples, smooth, lw=2, label=case["name"])
+            axes[1][col].plot(seconds, smooth, lw=2, label=case["name"])
+        axes[0][col].set_title(f"staleness {lag} (engine_lag={lag})")
+        axes[0][col].set_xlabel("samples")
+        axes[1][col].set_xlabel("wall seconds")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_ylabel("reward (mean of 5 steps, over seeds)")
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right", fontsize=8)
+    ablations = [c for c in results["cases"] if c["group"] == "ablation"]
+    sao = next((c for c in results["cases"] if c["name"] == "sao" and ablations and c["lag"] == ablations[0]["lag"]), None)
+    bars = ([sao] if sao else []) + ablations
+    ax = axes[0][-1]
+    if bars:
+        ax.bar([c["name"] for c in bars], [c["summary"]["final"] for c in bars],
+               yerr=[c["summary"]["final_sd"] for c in bars], color=["C0"] + ["C7"] * (len(bars) - 1))
+        ax.set_title(f"ablations, staleness {bars[0]['lag']}: final reward")
+        ax.tick_params(axis="x", rotation=30)
+        ax.set_ylim(0, 1.02)
+    axes[1][-1].axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiment", default="guess")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 4])
+    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    p.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
+    p.add_argument("--ablation-staleness", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="3 steps of 8, one seed, staleness 2, sao and grpo, no ablations")
+    p.add_argument("--output", type=Path)
+    p.add_argument("--plot", type=Path)
+    p.add_argument("overrides", nargs="*", help="more training.run overrides, for every case")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.batch_size, args.seeds, args.staleness = 3, 8, [0], [2]
+        args.algos, args.ablations = ["sao", "grpo"], []
+    if args.steps < 2:
+        p.error("--steps must be at least 2")
+    if args.batch_size % 8:
+        p.error("--batch-size must be a multiple of 8 (GRPO's groups of 8)")
+    if any(k < 0 for k in args.staleness):
+        p.error("--staleness values must be 0 or more")
+    plan = [("algo", a, ALGOS[a], lag) for lag in args.staleness for a in args.algos]
+    plan += [("ablation", a, ABLATIONS[a], args.ablation_staleness) for a in args.ablations
+             if not (a in args.algos and args.ablation_staleness in args.staleness)]  # a case run once
+    results = {"experiment": args.experiment, "steps": args.steps, "batch_size": args.batch_size,
+               "seeds": args.seeds, "cases": []}
+    total, done = len(plan) * len(args.seeds), 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for group, name, overrides, lag in plan:
+            runs = []
+            for seed in args.seeds:
+                done += 1
+                print(f"[{done}/{total}] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
+                runs.append(run_case(name, overrides, lag, seed, args, Path(tmp)))
+            results["cases"].append({"group": group, "name": name, "lag": lag, "overrides": overrides,
+                                     "summary": summary(runs, args.batch_size), "runs": runs})
+            if args.output:  # after each case: a long benchmark keeps what it measured
+                args.output.write_text(json.dumps(results))
+    table = Table(title=f"{args.experiment}: {args.steps} steps x {args.batch_size} rollouts, seeds {args.seeds}")
+    for col in ("case", "staleness", "reward, first quarter", "reward, last quarter", "best step", "samples/s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for c in results["cases"]:
+        s = c["summary"]
+        table.add_row(c["name"] + (" (ablation)" if c["group"] == "ablation" else ""), str(c["lag"]),
+                      f"{s['first']:.3f}", f"{s['final']:.3f} ± {s['final_sd']:.3f}", f"{s['best']:.3f}",
+                      f"{s['samples_per_s']:.2f}")
+    Console(width=140).print(table)
+    if args.output:
+        args.output.write_text(json.dumps(results))
+    if args.plot:
+        plot(results, args.batch_size, args.plot)
+    print(json.dumps({f"{c['name']}@{c['lag']}": c["summary"] for c in results["cases"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

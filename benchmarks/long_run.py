@@ -1,0 +1,144 @@
+"""The paper's long run in miniature: SAO and vanilla GRPO side by side at staleness 4 for many
+learner steps (the paper: GRPO collapses near step 160, SAO trains stably for 1,000).
+
+    python -m benchmarks.long_run [--steps 1000] [--staleness 4] [--algos sao grpo]
+        [--experiment guess] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
+        [--plot FILE.png] [overrides ...]
+
+The runs go at the same time (each its own `python -m training.run`, so they share the
+machine alike) with `trainer.engine_lag` set, so every rollout is sampled by the policy of that
+many versions ago. Per step it keeps the reward, the masked or clipped fractions, the policy's
+and the critic's gradient norms, the engine/learner logprob mismatch and the response length
+(sampled tokens per rollout), prints where each run ended and its worst stretch, and plots them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.learning import ALGOS, run_case
+
+SERIES = {  # panel title: (metric, its label)
+    "reward (mean of 10 steps)": "reward/mean",
+    "tokens masked (SAO) / clipped (GRPO)": "masked",
+    "policy gradient norm": "policy/grad_norm",
+    "critic gradient norm": "value/grad_norm",
+    "engine vs learner logprob gap (nats)": "sao/logprob_mismatch_pre",
+    "sampled tokens per rollout": "length",
+}
+
+
+def derived(rows: list[dict], batch_size: int) -> list[dict]:
+    """Adds `masked` (SAO: 1 - kept fraction; GRPO: clip fraction) and `length` to each row."""
+    for r in rows:
+        r["masked"] = 1.0 - r["sao/kept_frac"] if "sao/kept_frac" in r else r.get("ppo/clipfrac")
+        r["length"] = r["tokens/sampled"] / batch_size if "tokens/sampled" in r else None
+    return rows
+
+
+def smooth(xs: list[float], k: int = 10) -> list[float]:
+    return [statistics.mean(xs[max(0, i - k + 1): i + 1]) for i in range(len(xs))]
+
+
+def plot(runs: dict[str, list[dict]], lag: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    for ax, (title, key) in zip(axes.flat, SERIES.items()):
+        for name, rows in runs.items():
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, smooth(list(ys)) if key == "reward/mean" else ys, lw=1.5 if key == "reward/mean" else 1,
+                        label=name)
+        ax.set_title(title)
+        ax.set_xlabel("learner step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"staleness {lag}: every rollout sampled by the policy of {lag} versions ago")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.long_run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiment", default="guess")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--staleness", type=int, default=4)
+    p.add_argument("--algos", nargs="+", default=["sao", "grpo"], choices=list(ALGOS))
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="4 steps of 8")
+    p.add_argument("--output", type=Path)
+    p.add_argument("--plot", type=Path)
+    p.add_argument("overrides", nargs="*", help="more training.run overrides, for every run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.batch_size = 4, 8
+    if args.steps < 2 or args.staleness < 0 or args.batch_size % 8:
+        p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
+    runs: dict[str, list[dict]] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str, tmp: Path) -> None:
+        try:
+            runs[name] = derived(run_case(name, ALGOS[name], args.staleness, args.seed, args, tmp), args.batch_size)
+        except BaseException as e:  # SystemExit from a failed run, said below
+            errors.append(e)
+
+    print(f"{', '.join(args.algos)}: {args.steps} steps each at staleness {args.staleness}, side by side",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        threads = [threading.Thread(target=one, args=(name, Path(tmp))) for name in args.algos]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise SystemExit(str(errors[0]))
+    table = Table(title=f"{args.experiment}, staleness {args.staleness}: {args.steps} steps x {args.batch_size} rollouts")
+    for col in ("algo", "reward, first 10%", "reward, best 10-step mean", "reward, last 10%", "worst 10-step mean after best",
+                "masked/clipped, last 10%", "policy grad norm, max"):
+        table.add_column(col, justify="left" if col == "algo" else "right")
+    summary = {}
+    for name, rows in runs.items():
+        k = max(1, len(rows) // 10)
+        reward = smooth([r["reward/mean"] for r in rows])
+        best = max(range(len(reward)), key=reward.__getitem__)
+        norms = [r["policy/grad_norm"] for r in rows if r.get("policy/grad_norm") is not None]
+        masked = [r["masked"] for r in rows[-k:] if r.get("masked") is not None]
+        summary[name] = {"first": statistics.mean(r["reward/mean"] for r in rows[:k]), "best": reward[best],
+                         "best_step": rows[best]["step"], "last": statistics.mean(r["reward/mean"] for r in rows[-k:]),
+                         "worst_after_best": min(reward[best:]),
+                         "masked_last": statistics.mean(masked) if masked else None,
+                         "grad_norm_max": max(norms) if norms else None}
+        s = summary[name]
+        table.add_row(name, f"{s['first']:.3f}", f"{s['best']:.3f} (step {s['best_step']})", f"{s['last']:.3f}",
+                      f"{s['worst_after_best']:.3f}", "-" if s["masked_last"] is None else f"{s['masked_last']:.3f}",
+                      "-" if s["grad_norm_max"] is None else f"{s['grad_norm_max']:.3g}")
+    Console(width=160).print(table)
+    result = {"experiment": args.experiment, "steps": args.steps, "staleness": args.staleness,
+              "batch_size": args.batch_size, "seed": args.seed, "summary": summary, "runs": runs}
+    if args.output:
+        args.output.write_text(json.dumps(result))
+    if args.plot:
+        plot(runs, args.staleness, args.plot)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
