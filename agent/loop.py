@@ -81,7 +81,7 @@ class Agent:
         chat = ChatRenderer(self.tokenizer, tools.definitions, cfg.family)
         messages = [{"role": "system", "content": getattr(env, "system_prompt", None) or cfg.system_prompt}]
         try:
-            messages.append({"role": "user", "content": env.reset(task, sandbox)})
+            messages.append({"role": "user", "content": env.reset(task, sandbox, **versioned(env, self.engine))})
             if hasattr(sandbox, "drop_privileges"):  # the model's commands as `sandbox.user`, when set
                 sandbox.drop_privileges()
         except SandboxError as e:
@@ -167,6 +167,14 @@ class Agent:
                 return out, True
         timings["tools"] += time.monotonic() - t0
         return out, False
+
+
+def versioned(env: Env, engine: Engine) -> dict:
+    """`{"version": engine.version}` for an env that asks for the policy version (class
+    attribute `versioned = True`: one whose rule changes as training goes on, envs/online.py),
+    else nothing. The engine's version is that of the weights it samples with: the learner's
+    policy updates it has been given (under `trainer.engine_lag=k`, those of k versions ago)."""
+    return {"version": engine.version} if getattr(env, "versioned", False) else {}
 
 
 def _template_view(message: dict) -> dict:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agent.engines import make_engine
-from agent.loop import Agent, AgentConfig
+from agent.loop import Agent, AgentConfig, versioned
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 from agent.trajectory import Trajectory
 from envs.base import Env, Task, make_env
@@ -35,18 +35,18 @@ class _GradingSandbox:
     reset) in a thread of its own while the rollout runs, so grading in a fresh sandbox adds
     little to the rollout's time. Nothing of the rollout's sandbox reaches it."""
 
-    def __init__(self, pool: SandboxPool, image: str, task: Task, env: Env):
+    def __init__(self, pool: SandboxPool, image: str, task: Task, env: Env, reset_kw: dict | None = None):
         self._stack = contextlib.ExitStack()
         self._sandbox = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._prepare, args=(pool, image, task, env), daemon=True,
-                                        name=f"grading-sandbox-{task.instance_id}")
+        self._thread = threading.Thread(target=self._prepare, args=(pool, image, task, env, reset_kw or {}),
+                                        daemon=True, name=f"grading-sandbox-{task.instance_id}")
         self._thread.start()
 
-    def _prepare(self, pool: SandboxPool, image: str, task: Task, env: Env) -> None:
+    def _prepare(self, pool: SandboxPool, image: str, task: Task, env: Env, reset_kw: dict) -> None:
         try:
             sandbox = self._stack.enter_context(pool.sandbox(image))
-            env.reset(task, sandbox)
+            env.reset(task, sandbox, **reset_kw)
             self._sandbox = sandbox
         except BaseException as e:  # said when grading asks for it
             self._error = e
@@ -79,7 +79,7 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
     try:
         with pool.sandbox(image) as sb:
             if patch_of is not None and prepare_grading:  # once this rollout holds its own sandbox
-                grading = _GradingSandbox(pool, image, task, env)
+                grading = _GradingSandbox(pool, image, task, env, versioned(env, agent.engine))
             traj = agent.run(task, env, sb, seed=seed)
             if traj.exit_reason == "sandbox_error":
                 return traj
@@ -87,17 +87,17 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
                 traj.reward = 0.0
                 return traj
             t0 = time.monotonic()
-            if patch_of is None:
-                result = env.grade(task, sb)
+            if patch_of is None:  # (a versioned env grades by the engine's version now, envs/online.py)
+                result = env.grade(task, sb, **versioned(env, agent.engine))
             else:
                 patch = patch_of(task, sb)
         if patch_of is not None:  # the rollout's sandbox is gone (its pool slot free) before this waits
             if grading is not None:
-                result = env.grade(task, grading.get(), patch)
+                result = env.grade(task, grading.get(), patch, **versioned(env, agent.engine))
             else:
                 with pool.sandbox(image) as clean:
-                    env.reset(task, clean)
-                    result = env.grade(task, clean, patch)
+                    env.reset(task, clean, **versioned(env, agent.engine))
+                    result = env.grade(task, clean, patch, **versioned(env, agent.engine))
     finally:
         if grading is not None:
             grading.close()
