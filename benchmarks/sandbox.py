@@ -59,7 +59,7 @@ def measure_level(mode: str, c: int, samples: int, grades: int, hold_s: float, e
     pool = SandboxPool(f"bench-sandbox-{uuid.uuid4().hex[:6]}", max_live=c, warm=c if mode == "warm" else 0)
     times: dict[str, list[float]] = {op: [] for op in OPS}
     lock = threading.Lock()
-    resolved = [0]
+    unresolved: list[dict] = []  # a gold patch not resolved: why, to be read
     task_index = iter(range(1 << 30))
 
     def lifecycle() -> None:
@@ -86,7 +86,10 @@ def measure_level(mode: str, c: int, samples: int, grades: int, hold_s: float, e
             result = env.grade(task, sb, task.patch)
         with lock:
             times["grade"].append(time.monotonic() - t0)
-            resolved[0] += result.resolved
+            if not result.resolved:
+                unresolved.append({"instance_id": task.instance_id, "error": result.error, "timed_out": result.timed_out,
+                                   "not_passed": {t: v for t, v in result.tests_status.items() if v != "PASSED"},
+                                   "log_tail": result.log[-2000:]})
 
     try:
         with pool.sandbox(image):  # not measured: the image is checked, the image kept warm from now
@@ -104,7 +107,7 @@ def measure_level(mode: str, c: int, samples: int, grades: int, hold_s: float, e
     out["handed_warm"] = handed_lifecycle["warm"] + handed["warm"]
     out["handed"] = sum(handed_lifecycle.values()) - 1 + sum(handed.values())
     out["lifecycle_wall_s"], out["grade_wall_s"] = life_wall, grade_wall
-    out["graded"], out["resolved"] = len(times["grade"]), resolved[0]
+    out["graded"], out["resolved"], out["unresolved"] = len(times["grade"]), len(times["grade"]) - len(unresolved), unresolved
     return out
 
 
@@ -189,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     graded = [cell for mode in result["modes"].values() for cell in mode.values()]
     resolved, total = sum(x["resolved"] for x in graded), sum(x["graded"] for x in graded)
     console.print(f"gold patches resolved: {resolved} of {total}")
+    for mode, cells in result["modes"].items():
+        for c, cell in cells.items():
+            for bad in cell["unresolved"]:
+                console.print(f"not resolved ({mode}, concurrency {c}): {bad['instance_id']}: {bad['error']}; "
+                              f"timed out: {bad['timed_out']}; tests not passed: {bad['not_passed']}\n{bad['log_tail'][-600:]}")
     return 0 if resolved == total else 1
 
 
