@@ -199,7 +199,9 @@ class RewardLog(TrainerCallback):
 # -- the comparison --------------------------------------------------------------------------
 def summary(run: dict) -> dict:
     """Reward over the first and the last 20% of samples, samples per second of training,
-    training wall time (from the first sample to the last step) and the whole process's."""
+    training wall time (from the start of the training loop to the end of the last step) and
+    the run's whole time: the subprocess of a project run (start-up: model, engine, Docker),
+    TRL's from loading the model (its import, which loads vLLM, is not counted)."""
     curve = run["curve"]
     total = curve[-1]["samples"]
     tail = [r["reward"] for r in curve if r["samples"] > 0.8 * total] or [curve[-1]["reward"]]
