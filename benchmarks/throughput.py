@@ -14,6 +14,11 @@ rollout's first turn, so every rollout pays it (the SWE source is left out: its 
 the latency, would set the pace). Prints rollouts per hour, learner and engine idle fractions
 (the run's `time/learner_idle_frac`, `time/engine_idle_frac`) and the async / sync ratio per
 latency setting, beside AReaL's reported 2.77x. Rates count from the end of the first step.
+
+Read the sync GRPO rows knowing how the orchestrator runs a group: its G rollouts one after
+another, so a sync step keeps batch / G of them in flight (2 for 16 = 2 x 8) whatever the
+worker count. `--cases async_sao sync_grpo sync_sao` adds SAO behind the same barrier (one
+rollout a prompt, every worker busy): the barrier's cost apart from the groups'.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -49,7 +55,8 @@ QUICK = {"steps": 2, "batch_size": 4, "group_size": 2, "workers": 2, "latency_al
          "latency_max": 0.2, "engine": "hf"}
 COLUMNS = {  # label: (metric, format)
     "rollouts/h": ("rollouts_per_hour", "{:.0f}"),
-    "s / step": ("seconds_per_step", "{:.2f}"),
+    "s / step": ("seconds_per_step", "{:.1f}"),
+    "learner step s": ("learner_step_s", "{:.1f}"),
     "learner idle": ("learner_idle_frac", "{:.2f}"),
     "engine idle": ("engine_idle_frac", "{:.2f}"),
     "staleness": ("staleness_mean", "{:.2f}"),
@@ -126,6 +133,14 @@ def overrides_for(case: str, latency: bool, args: argparse.Namespace) -> list[st
     return [*quick, *shared, *algo, *tail, *args.overrides]
 
 
+def per_step(out: Path) -> list[dict[str, float]]:
+    """A run's timing metrics step by step, kept in the raw JSON."""
+    keys = ("step", "time/elapsed_s", "time/learner_step_s", "time/learner_idle_frac", "time/engine_idle_frac",
+            "staleness/mean", "rollout/errors")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: row.get(k) for k in keys} for row in rows]
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Every (latency, case) run, alternated over the repeats; the raw runs and each cell's mean."""
     runs = []
@@ -134,11 +149,13 @@ def measure(args: argparse.Namespace) -> dict:
             for latency in (False, True):
                 for case in args.cases:
                     name = f"{case}-latency_{'on' if latency else 'off'}-{i}"
-                    print(f"run {name}", file=sys.stderr, flush=True)
+                    load_before = os.getloadavg()[0]  # the machine is shared: its load goes with each run
+                    print(f"run {name} (load {load_before:.1f})", file=sys.stderr, flush=True)
                     overrides = overrides_for(case, latency, args)
                     out = train(overrides, Path(tmp) / name, name)
                     runs.append({"case": case, "latency": latency, "repeat": i, "overrides": overrides,
-                                 **rates(out, args.batch_size)})
+                                 **rates(out, args.batch_size), "load_1min": [load_before, os.getloadavg()[0]],
+                                 "steps": per_step(out)})
     cells: dict[str, dict[str, dict[str, float]]] = {}
     for latency in ("off", "on"):
         cells[latency] = {}
@@ -196,10 +213,10 @@ def plot(result: dict, args: argparse.Namespace, path: Path) -> None:
             ax.bar_label(bars, fmt="%.0f" if key == "rollouts_per_hour" else "%.2f", fontsize=8)
         ax.set_xticks(range(len(latencies)), [f"latency {lat}" for lat in latencies])
         ax.set_title(title)
-        if key != "rollouts_per_hour":
-            ax.set_ylim(0, 1.05)
+        top = max(result["cells"][lat][case][key] for lat in latencies for case in args.cases)
+        ax.set_ylim(0, 1.05 if key != "rollouts_per_hour" else 1.25 * top)  # room for the labels and legend
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].legend(loc="upper center", ncol=len(args.cases), fontsize=8)
     ratios = ", ".join(f"{lat} {result['cells'][lat]['ratio']['rollouts_per_hour']:.2f}x" for lat in latencies)
     fig.suptitle(f"{CASES[args.cases[0]][0]} / {CASES[args.cases[1]][0]} rollouts/hour: {ratios} "
                  f"(AReaL reports {AREAL_RATIO}x)", fontsize=10)
