@@ -151,6 +151,8 @@ class Orchestrator:
         self._start = time.monotonic()
         self._engine_busy0 = self.engine.busy_s
         if self.cfg.mode == "async":
+            # num_workers rollouts at once, whatever the group size (a group's run side by side)
+            self._slots = asyncio.Semaphore(self.cfg.num_workers)
             workers = [asyncio.create_task(self._worker(i)) for i in range(self.cfg.num_workers)]
             try:
                 while self._going():
@@ -208,7 +210,7 @@ class Orchestrator:
         while True:
             for _ in range(self.cfg.group_size):
                 await self.stream.reserve()
-            group = await self._group(None)
+            group = await self._group(self._slots)
             if group is None:
                 for _ in range(self.cfg.group_size):
                     await self.stream.release()
@@ -216,18 +218,20 @@ class Orchestrator:
             await self.stream.push_group(group)
 
     async def _group(self, slots: asyncio.Semaphore | None) -> list[Trajectory] | None:
-        """G rollouts of one task (G = group_size); None if the sandbox machinery failed."""
+        """G rollouts of one task (G = group_size), at the same time, each holding one of
+        `slots` (the run's concurrent rollouts) while it runs; None if the sandbox machinery
+        failed for any of them (the group is incomplete, so none is trained on)."""
         key, source, task = self.sampler.next()
-        group = []
         try:
-            for g in range(self.cfg.group_size):
-                seed = (self.cfg.seed * 1_000_003 + key) * 97 + g
-                async with slots or contextlib.nullcontext():
-                    traj = await self.rollout(source, task, seed)
-                if traj.exit_reason == "sandbox_error":  # the container failed, not the policy: no reward to learn
-                    raise RuntimeError(f"sandbox error: {traj.info.get('error', 'the sandbox failed')}")
-                traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
-                group.append(traj)
+            results = await asyncio.gather(*[self._member(source, task, key, g, slots)
+                                              for g in range(self.cfg.group_size)], return_exceptions=True)
+            for r in results:  # a cancelled member is not a failed rollout
+                if isinstance(r, BaseException) and not isinstance(r, Exception):
+                    raise r
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:  # a lost one first: then the task is drawn again
+                raise next((e for e in failed if isinstance(e, RolloutLost)), failed[0])
+            group = list(results)
         except Exception as e:
             lost = isinstance(e, RolloutLost)  # its worker died: nothing was learnt of the task, so it is drawn again
             if lost:
@@ -245,6 +249,16 @@ class Orchestrator:
         self._failed_in_a_row = 0
         self.sampler.done(key)
         return group
+
+    async def _member(self, source: Source, task: Task, key: int, g: int,
+                      slots: asyncio.Semaphore | None) -> Trajectory:
+        seed = (self.cfg.seed * 1_000_003 + key) * 97 + g
+        async with slots or contextlib.nullcontext():
+            traj = await self.rollout(source, task, seed)
+        if traj.exit_reason == "sandbox_error":  # the container failed, not the policy: no reward to learn
+            raise RuntimeError(f"sandbox error: {traj.info.get('error', 'the sandbox failed')}")
+        traj.info.update(rollout_key=f"{key}/{g}", source=source.name)
+        return traj
 
     async def _rollout_here(self, source: Source, task: Task, seed: int) -> Trajectory:
         return await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
