@@ -9,8 +9,8 @@ embedded tiny one after its SFT warm start (`training.run.prepare_model`, the sa
 checkpoint). SAO and GRPO are `python -m training.run +experiment=peer_prefer algo=...`, read
 from their `metrics.jsonl`. TRL gets the same prompts rendered by the project's ChatRenderer
 (system prompt, tool definitions, generation prompt) and a reward function that runs the
-completion's tool calls through the project's parser, ToolBox and the env's own grader, with
-an in-memory sandbox in place of a container. Settings are matched where TRL allows; the
+completion's tool calls through the project's parser, ToolBox and the env's own grader, each
+in a real sandbox of its own, as a project rollout is. Settings are matched where TRL allows; the
 rest is listed in the output (UNMATCHED).
 """
 
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import mean
 
@@ -40,9 +41,9 @@ MINIBATCHES = 4  # the project's GRPO: optimizer steps per batch against one pi_
 UNMATCHED = [
     "sampling engine: the project samples with its engine (`--engine`, vLLM's CPU build under auto); "
     "TRL with transformers' model.generate (its vLLM path needs CUDA)",
-    "sandbox: each project rollout runs in a Docker container (the answer tool writes a file there, "
-    "the env grades it in place); TRL's reward function runs the same ToolBox and grader on an "
-    "in-memory sandbox, so TRL pays no container cost",
+    "sandbox: each project rollout runs in a Docker container from the start (the answer tool writes "
+    "a file there, the env grades it in place); TRL's reward function makes the container only after "
+    "generation, for the tools and the grading (trainer.num_workers at a time)",
     "streaming: the project trains as rollouts arrive (trainer.mode=async, 2 workers, staleness up to 4); "
     "TRL generates a whole batch, then trains on it (on-policy)",
     "SAO has no TRL counterpart (group size 1, a critic with 5 critic-only warm-up steps); "
@@ -71,36 +72,6 @@ def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
 
 
 # -- TRL's run -------------------------------------------------------------------------------
-class MemorySandbox:
-    """The Sandbox protocol over a dict of files: enough for the `answer` tool and its grader
-    (envs.arith.grade_answer reads the file the tool wrote); no shell."""
-
-    workdir = "/testbed"
-
-    def __init__(self):
-        self.files: dict[str, str] = {}
-
-    def exec(self, cmd, timeout=None, workdir=None):
-        from sandbox.base import SandboxError
-
-        raise SandboxError("the peer benchmark's in-memory sandbox has no shell")
-
-    def read_file(self, path: str) -> str:
-        try:
-            return self.files[path]
-        except KeyError:
-            raise FileNotFoundError(path) from None
-
-    def write_file(self, path: str, content: str) -> None:
-        self.files[path] = content
-
-    def diff(self, base: str = "HEAD") -> str:
-        return ""
-
-    def close(self) -> None:
-        pass
-
-
 def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
     """TRL's GRPOTrainer on the prefer prompts, the project's settings where TRL has them."""
     import torch
@@ -112,6 +83,7 @@ def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
     from agent.chat import ChatRenderer
     from agent.loop import AgentConfig
     from agent.tools import ToolBox
+    from sandbox.pool import SandboxPool
     from training.run import make_source_env
 
     spec = cfg.sources[0]
@@ -125,28 +97,34 @@ def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
         return ToolBox(sandbox, tools=env.tools, default_timeout_s=agent.command_timeout_s,
                        max_output_bytes=agent.max_observation_bytes, handlers=handlers)
 
-    renderer = ChatRenderer(tokenizer, toolbox(next(iter(tasks.values())), MemorySandbox()).definitions, agent.family)
-
-    def prompt(task) -> str:
-        messages = [{"role": "system", "content": env.system_prompt},
-                    {"role": "user", "content": env.reset(task, MemorySandbox())}]
-        return renderer.render(messages, add_generation_prompt=True)
-
-    dataset = Dataset.from_list([{"prompt": prompt(t), "instance_id": k} for k, t in tasks.items()])
+    pool = SandboxPool(f"bench-peer-{int(time.time())}", limits=instantiate(cfg.sandbox),
+                       max_live=cfg.trainer.num_workers)
+    first = next(iter(tasks.values()))
+    with pool.sandbox(env.image_for(first)) as sb:  # the prompts, as a rollout's reset gives them
+        renderer = ChatRenderer(tokenizer, toolbox(first, sb).definitions, agent.family)
+        prompts = {k: renderer.render([{"role": "system", "content": env.system_prompt},
+                                       {"role": "user", "content": env.reset(t, sb)}], add_generation_prompt=True)
+                   for k, t in tasks.items()}
+    dataset = Dataset.from_list([{"prompt": text, "instance_id": k} for k, text in prompts.items()])
     log = RewardLog(args.batch_size)
 
-    def prefer_reward(prompts, completions, completion_ids, instance_id, **_) -> list[float]:
-        """1.0 iff the completion's tool calls, run as the agent runs them, answer the preferred digit."""
-        rewards = []
-        for ids, key in zip(completion_ids, instance_id):
-            ids = list(ids)
-            text = renderer.decode(ids[:-1] if ids and ids[-1] == eos_id else ids)  # as agent.loop decodes
-            sandbox, parsed = MemorySandbox(), renderer.parse(text)
-            tools = toolbox(tasks[key], sandbox)
+    def one_reward(ids, key) -> float:
+        """1.0 iff the completion's tool calls, run as the agent runs them in a fresh sandbox,
+        answer the preferred digit."""
+        ids = list(ids)
+        text = renderer.decode(ids[:-1] if ids and ids[-1] == eos_id else ids)  # as agent.loop decodes
+        parsed, task = renderer.parse(text), tasks[key]
+        with pool.sandbox(env.image_for(task)) as sandbox:
+            env.reset(task, sandbox)
+            tools = toolbox(task, sandbox)
             for call in parsed.calls:  # agent.loop.Agent._act: in order, until one ends the episode
                 if tools.run(call.name, call.arguments).submitted:
                     break
-            rewards.append(float(env.grade(tasks[key], sandbox).resolved))
+            return float(env.grade(task, sandbox).resolved)
+
+    def prefer_reward(prompts, completions, completion_ids, instance_id, **_) -> list[float]:
+        with ThreadPoolExecutor(cfg.trainer.num_workers) as workers:
+            rewards = list(workers.map(one_reward, completion_ids, instance_id))
         log.pending.extend(rewards)
         return rewards
 
@@ -168,7 +146,10 @@ def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=prefer_reward, args=trl_args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[log])
     trainer.remove_callback(PrinterCallback)  # its per-step dicts; RewardLog prints one line a step
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        pool.close()
     return {"curve": log.rows, "process_s": time.monotonic() - t0,
             "settings": {k: getattr(trl_args, k) for k in (
                 "learning_rate", "lr_scheduler_type", "num_generations", "per_device_train_batch_size",
