@@ -7,21 +7,23 @@ when that is the style the current phase rewards. `phases` is a list of
 `{start, pool, rewarded}`: from policy version `start` on, the prompt offers `pool` and
 `rewarded` earns the reward. The default is the paper's three phases, cute -> chuunibyou ->
 classical, the last with a changed pool (classical is new to it and cute is gone), switching at
-versions 0, 20 and 40: a phase of 20 policy updates of 16 rollouts each is long enough for the
-tiny model to move well off its uniform start on 2 CPU cores and short enough that the whole
-run (60 updates) takes minutes.
+versions 0, 12 and 24: from its SFT start (about 1 answer in 8 cute) the tiny model, at
++experiment=online's learning rate, has about half its answers rewarded after 10 policy updates
+of 16 rollouts (measured here), and a run of 36 updates takes about a quarter of an hour on 2
+shared CPU cores.
 
 Phases are counted in policy versions: the `version` of the weights the engine samples with,
 which the loop passes in (`versioned = True`, agent/loop.py). That is the number of policy
 updates the learner has made and synced, not its step count: the critic-only warm-up steps of
-SAO do not advance it (a run with `algo.critic_warmup_steps=5` reaches version 20 at step 25),
+SAO do not advance it (with the tiny model's 5 warm-up steps SAO reaches version 12 at step 17),
 with `trainer.sync_every=s` it moves every s steps, and with `trainer.engine_lag=k` the engine
 holds the weights of k versions ago, so every switch comes k learner steps later. The prompt
 shows the pool of the phase at reset; grading rewards the style of the phase at grading (a
 rollout that spans a switch is graded by the new rule, as a drifting preference would be).
 
 The answer goes through the sandbox as prefer's does (`envs.arith.grade_answer`); the grade
-report keeps `given` (the style answered) and `expected` (the style rewarded) and adds `phase`.
+report keeps `given` (the style answered) and `expected` (the style rewarded) and adds `phase`
+and `version` (those at grading).
 `record` names a JSONL file each grading appends that line to (benchmarks/online.py reads it
 to count the share of each style answered).
 """
@@ -45,8 +47,8 @@ TOPICS = ["the sea", "a rainy morning", "an old cat", "the first snow", "a train
 # the paper's three phases; conf/env/online.yaml says the same (a test checks they agree)
 DEFAULT_PHASES = [
     {"start": 0, "pool": ["cute", "chuunibyou", "plain", "formal"], "rewarded": "cute"},
-    {"start": 20, "pool": ["cute", "chuunibyou", "plain", "formal"], "rewarded": "chuunibyou"},
-    {"start": 40, "pool": ["classical", "chuunibyou", "poetic", "plain"], "rewarded": "classical"},
+    {"start": 12, "pool": ["cute", "chuunibyou", "plain", "formal"], "rewarded": "chuunibyou"},
+    {"start": 24, "pool": ["classical", "chuunibyou", "poetic", "plain"], "rewarded": "classical"},
 ]
 
 

@@ -138,10 +138,12 @@ def test_benchmark_quick_mode_runs_both_baselines(tmp_path, docker_client):
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {"sao", "running_mean"}
+    # the same policy updates for both; SAO's critic-only warm-up step comes on top
+    assert result["runs"]["sao"]["max_steps"] == result["runs"]["running_mean"]["max_steps"] + 1 == result["updates"] + 1
     for run in result["runs"].values():
         seed = run["seeds"]["0"]
         n = len(seed["steps"])
-        assert n == result["max_steps"] and len(seed["reward"]) == n
+        assert n == run["max_steps"] and len(seed["reward"]) == n
         assert all(0.0 <= r <= 1.0 for r in seed["reward"])
         for step_shares in zip(*seed["shares"].values()):
             assert abs(sum(step_shares) - 1.0) < 1e-9  # every trained rollout answered something or nothing
