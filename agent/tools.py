@@ -26,6 +26,7 @@ import yaml
 from sandbox.base import ExecResult, Sandbox, cap_text
 
 SPEC_FILE = Path(__file__).with_name("tools.yaml")
+ENV_SPEC_FILE = Path(__file__).with_name("env_tools.yaml")  # envs' own tools, outside the tiny tokenizer's corpus
 DEFAULT_TOOLS = ("bash", "str_replace_editor", "submit")
 ENDING_TOOLS = ("submit", "answer")  # a call of one of these ends the episode
 ANSWER_FILE = "/testbed/.answer"  # where `answer` puts its value, for the env's grader
@@ -51,7 +52,8 @@ def load_definitions(spec_file: Path = SPEC_FILE, names=DEFAULT_TOOLS, **fill: A
     `{key}` in any description is replaced by `fill[key]` (plain replacement, so other braces
     in the text are left alone). Raises ValueError naming the file for an unknown tool name.
     """
-    specs = {s["name"]: s for s in yaml.safe_load(Path(spec_file).read_text())}
+    files = [spec_file, ENV_SPEC_FILE] if Path(spec_file) == SPEC_FILE else [spec_file]
+    specs = {s["name"]: s for f in files for s in yaml.safe_load(Path(f).read_text())}
     unknown = [n for n in names if n not in specs]
     if unknown:
         raise ValueError(f"{spec_file}: no tool named {unknown}; it defines {sorted(specs)}")
