@@ -7,10 +7,9 @@ when that is the style the current phase rewards. `phases` is a list of
 `{start, pool, rewarded}`: from policy version `start` on, the prompt offers `pool` and
 `rewarded` earns the reward. The default is the paper's three phases, cute -> chuunibyou ->
 classical, the last with a changed pool (classical is new to it and cute is gone), switching at
-versions 0, 12 and 24: from its SFT start (about 1 answer in 8 cute) the tiny model, at
-+experiment=online's learning rate, has about half its answers rewarded after 10 policy updates
-of 16 rollouts (measured here), and a run of 36 updates takes about a quarter of an hour on 2
-shared CPU cores.
+versions 0, 12 and 24: twelve policy updates of 16 rollouts are enough for the tiny model
+(+experiment=online) to go from its SFT start to most answers rewarded in the first phase, and
+a run of 36 updates takes 7 to 10 minutes on 2 shared CPU cores (BENCHMARKS.md, online learning).
 
 Phases are counted in policy versions: the `version` of the weights the engine samples with,
 which the loop passes in (`versioned = True`, agent/loop.py). That is the number of policy
