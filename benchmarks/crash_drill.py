@@ -56,20 +56,25 @@ def _worker(conn: Connection, run_id: str, kind: str) -> None:
         task = tasks[key % len(tasks)]
         if kind == "short":
             with pool.sandbox(env.image_for(task)) as sb:
-                resolved = sb.exec(f"sleep {random.Random(key).random():.2f}; echo {key}", timeout=30).output.strip() == str(key)
-            conn.send(("done", key, resolved))
+                r = sb.exec(f"sleep {random.Random(key).random():.2f}; echo {key}", timeout=30)
+            resolved = r.output.strip() == str(key)
+            conn.send(("done", key, resolved, "" if resolved else f"exit {r.exit_code}: {r.output[-500:]}"))
             continue
         with pool.sandbox(env.image_for(task)) as sb:
             grading = _GradingSandbox(pool, env.image_for(task), task, env)
             try:
                 env.reset(task, sb)
-                env._apply(sb, task.patch)  # the agent's edit, left in the workspace
+                if (failed := env._apply(sb, task.patch)) is not None:  # the agent's edit, left in the workspace
+                    raise RuntimeError(f"{task.instance_id}: the gold patch did not apply in the workspace: {failed[1][-500:]}")
                 patch = env.patch_of(task, sb)
                 sb.close()
-                resolved = env.grade(task, grading.get(), patch).resolved
+                grade = env.grade(task, grading.get(), patch)
             finally:
                 grading.close()
-        conn.send(("done", key, resolved))
+        failing = [t for t, status in grade.tests_status.items() if status != "PASSED"]
+        why = "" if grade.resolved else (f"{task.instance_id}: {grade.error or 'tests failed'} (patch of {len(patch)} "
+                                         f"chars; not passing: {failing[:5]}); log: {grade.log[-600:]}")
+        conn.send(("done", key, grade.resolved, why))
 
 
 class Drill:
@@ -80,6 +85,7 @@ class Drill:
         self.ctx = mp.get_context("spawn")
         self.todo = list(range(rollouts))
         self.done: dict[int, bool] = {}
+        self.why_unresolved: dict[int, str] = {}  # key -> what grading said, for a gold patch that failed
         self.twice = 0
         self.kills = 0
         self.swept = 0
@@ -103,10 +109,14 @@ class Drill:
         if message[0] == "ready":
             self.swept += message[1]
         else:
-            _, key, resolved = message
-            self.twice += key in self.done
-            self.done[key] = resolved
+            self._record(*message[1:])
         self._give(conn)
+
+    def _record(self, key: int, resolved: bool, why: str) -> None:
+        self.twice += key in self.done
+        self.done[key] = resolved
+        if why:
+            self.why_unresolved[key] = why
 
     def _kill_one(self) -> bool:
         busy = [c for c, (_, key) in self.workers.items() if key is not None]
@@ -123,8 +133,7 @@ class Drill:
                 message = conn.recv()
                 finished |= message[0] == "done" and message[1] == key
                 if message[0] == "done":
-                    self.twice += message[1] in self.done
-                    self.done[message[1]] = message[2]
+                    self._record(*message[1:])
         except (EOFError, OSError):
             pass
         conn.close()
@@ -188,7 +197,8 @@ class Drill:
         left = len(c.containers.list(all=True, filters=ours, sparse=True))
         return {"kind": self.kind, "rollouts": self.n, "done": len(self.done), "done_twice": self.twice, "kills": self.kills,
                 "resolved": sum(self.done.values()), "orphans_at_end": before, "orphans_swept": self.swept,
-                "containers_left": left, "workers": self.n_workers, "wall_s": round(wall_s, 1)}
+                "containers_left": left, "workers": self.n_workers, "wall_s": round(wall_s, 1),
+                "why_unresolved": {str(k): v for k, v in sorted(self.why_unresolved.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{result['done']}/{result['rollouts']} {result['kind']} rollouts done ({result['done_twice']} twice), "
                   f"{result['resolved']} resolved; {result['kills']} workers killed; {result['orphans_swept']} "
                   f"orphaned containers swept; {result['containers_left']} left; {result['wall_s']} s")
+    for key, why in result["why_unresolved"].items():
+        console.print(f"rollout {key} did not resolve: {why}", markup=False)
     if args.output:
         args.output.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

@@ -319,7 +319,7 @@ class DockerSandbox:
     def diff(self, base: str = "HEAD") -> str:
         """The workspace against `base` as a git patch, new files included; the index is untouched."""
         cmd = (
-            "set -e; idx=$(mktemp); cp .git/index $idx 2>/dev/null || true; "
+            "set -e; idx=$(mktemp); cp -p .git/index $idx 2>/dev/null || true; "
             "GIT_INDEX_FILE=$idx git add -A >/dev/null; "
             f"GIT_INDEX_FILE=$idx git -c core.quotepath=false diff --cached --binary {shlex.quote(base)}; rm -f $idx"
         )

@@ -66,6 +66,19 @@ def test_workspace_diff_is_graded(make_sandbox, calc_task):
     assert r.resolved, r.log[-2000:]
 
 
+def test_a_same_size_edit_in_the_checkouts_second_is_in_the_diff(make_sandbox):
+    """git trusts an index entry's stat data (size, times in whole seconds) unless the entry is
+    as new as the index file. The diff works on a copy of the index: a copy stamped with a new
+    mtime hid an edit of the same size made in the second of the checkout (an empty diff, graded
+    unresolved; seen as a gold patch failing now and then in the crash drill)."""
+    sb = make_sandbox()
+    r = sb.exec("git init -q && python3 -c 'import time; time.sleep(1 - time.time() % 1)' && "
+                "echo 'if a != b:' > f.py && git add f.py && git -c user.name=t -c user.email=t@t commit -qm base && "
+                "echo 'if a == b:' > f.py && sleep 1", timeout=60)  # the edit in the commit's second, the diff later
+    assert r.ok, r.output
+    assert "+if a == b:" in sb.diff("HEAD")
+
+
 def test_test_timeout_is_reported(make_sandbox, calc_task):
     from dataclasses import replace
 
