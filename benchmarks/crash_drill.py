@@ -12,7 +12,8 @@ training grades (`agent.rollout`'s grading sandbox). `short`: one sandbox, one c
 processes take rollouts one at a time; about every `--kill-every` seconds (exponentially
 distributed) one busy worker, chosen at random, gets SIGKILL wherever it is (creating, running,
 grading or removing a container: nothing of it can clean up) and a new worker takes its place;
-its rollout is handed out again. A worker starting sweeps the containers of dead owners as
+its rollout is handed out again. A kill waits until a rollout was done since the last kill, so
+a slow machine slows the drill but cannot stall it. A worker starting sweeps the containers of dead owners as
 every sandbox pool does (`sandbox.docker.sweep`), and the drill sweeps once more at the end.
 
 Prints and writes (JSON, last line of stdout and `--output`): rollouts done, each once; kills;
@@ -150,9 +151,14 @@ class Drill:
             self._start_worker()
         # the first kill within `kill_every` seconds, so even a short drill has one
         next_kill = time.monotonic() + min(self.rng.expovariate(1 / self.kill_every), self.kill_every)
+        done_at_kill = 0
         try:
             while len(self.done) < self.n:
-                timeout = max(0.0, next_kill - time.monotonic())
+                # a kill waits for a rollout done since the last one: however slow the machine (a
+                # worker's start and a rollout can take longer than the time between kills), the
+                # drill moves on, with at most one kill per rollout done
+                may_kill = self.kills == 0 or len(self.done) > done_at_kill
+                timeout = max(0.0, next_kill - time.monotonic()) if may_kill else None
                 for conn in wait(list(self.workers), timeout=timeout):
                     try:
                         message = conn.recv()
@@ -164,8 +170,10 @@ class Drill:
                         self._start_worker()
                         continue
                     self._answer(conn, message)
-                if time.monotonic() >= next_kill and len(self.done) < self.n:
+                may_kill = self.kills == 0 or len(self.done) > done_at_kill
+                if time.monotonic() >= next_kill and len(self.done) < self.n and may_kill:
                     if self._kill_one():
+                        done_at_kill = len(self.done)
                         next_kill = time.monotonic() + self.rng.expovariate(1 / self.kill_every)
                     else:  # no worker busy yet (they are starting): the kill waits for one
                         next_kill = time.monotonic() + 0.2
