@@ -5,7 +5,7 @@ samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled s
     python -m benchmarks.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
         [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean]
         [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
-        [--experiment guess] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
+        [--experiment guess] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
 
 Every case is `python -m training.run +experiment=<experiment>` with the same batch of
 rollouts per step (SAO: that many prompts x 1; GRPO: prompts x 8) and the same steps, so the
@@ -13,6 +13,8 @@ same samples. Prints, per case, the mean reward over the last quarter of the ste
 spread over seeds), the best step's reward and the samples per second; writes every run's
 per-step rows (reward, masked fractions, gradient norms, explained variance, logprob
 mismatch, staleness) as JSON, and a plot of reward against samples and against wall time.
+`--jobs N` runs N of them at once: they share the machine, so wall times compare within one
+invocation only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -130,10 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
     p.add_argument("--ablation-staleness", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="3 steps of 8, one seed, staleness 2, sao and grpo, no ablations")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (each a training.run process; they share the machine)")
     p.add_argument("--output", type=Path)
     p.add_argument("--plot", type=Path)
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every case")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     if args.quick:
         args.steps, args.batch_size, args.seeds, args.staleness = 3, 8, [0], [2]
         args.algos, args.ablations = ["sao", "grpo"], []
@@ -148,18 +155,35 @@ def main(argv: list[str] | None = None) -> int:
              if not (a in args.algos and args.ablation_staleness in args.staleness)]  # a case run once
     results = {"experiment": args.experiment, "steps": args.steps, "batch_size": args.batch_size,
                "seeds": args.seeds, "cases": []}
-    total, done = len(plan) * len(args.seeds), 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for group, name, overrides, lag in plan:
-            runs = []
-            for seed in args.seeds:
-                done += 1
-                print(f"[{done}/{total}] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
-                runs.append(run_case(name, overrides, lag, seed, args, Path(tmp)))
-            results["cases"].append({"group": group, "name": name, "lag": lag, "overrides": overrides,
-                                     "summary": summary(runs, args.batch_size), "runs": runs})
-            if args.output:  # after each case: a long benchmark keeps what it measured
+    jobs = [(i, seed) for i in range(len(plan)) for seed in args.seeds]
+    runs: dict[tuple[int, int], list[dict]] = {}
+    lock = threading.Lock()
+
+    def one(job: tuple[int, int]) -> None:
+        i, seed = job
+        group, name, overrides, lag = plan[i]
+        print(f"[start] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
+        rows = run_case(name, overrides, lag, seed, args, Path(tmp))
+        with lock:
+            runs[job] = rows
+            print(f"[{len(runs)}/{len(jobs)} done] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
+            results["cases"] = cases_so_far()
+            if args.output:  # after each run: a long benchmark keeps what it measured
                 args.output.write_text(json.dumps(results))
+
+    def cases_so_far() -> list[dict]:
+        cases = []
+        for i, (group, name, overrides, lag) in enumerate(plan):
+            done = [runs[(i, seed)] for seed in args.seeds if (i, seed) in runs]
+            if done:
+                cases.append({"group": group, "name": name, "lag": lag, "overrides": overrides,
+                              "seeds": [seed for seed in args.seeds if (i, seed) in runs],
+                              "summary": summary(done, args.batch_size), "runs": done})
+        return cases
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        for future in [pool.submit(one, job) for job in jobs]:
+            future.result()
     table = Table(title=f"{args.experiment}: {args.steps} steps x {args.batch_size} rollouts, seeds {args.seeds}")
     for col in ("case", "staleness", "reward, first quarter", "reward, last quarter", "best step", "samples/s"):
         table.add_column(col, justify="left" if col == "case" else "right")

@@ -103,7 +103,7 @@ QUICK_GUESS = ("engine=hf", "model.sft.steps=4", "model.sft.examples=64", "train
 
 def test_learning_benchmark_runs_each_algo_at_each_staleness(tmp_path, docker_client):
     out, png = tmp_path / "learning.json", tmp_path / "learning.png"
-    r = run("benchmarks.learning", "--quick", "--output", str(out), "--plot", str(png), *QUICK_GUESS)
+    r = run("benchmarks.learning", "--quick", "--jobs", "2", "--output", str(out), "--plot", str(png), *QUICK_GUESS)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert {(c["name"], c["lag"]) for c in result["cases"]} == {("sao", 2), ("grpo", 2)}
