@@ -21,9 +21,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from agent.engines import DTYPES, is_hub_name, resolve_device, resolve_dtype
 from envs.base import Task, make_env
 from envs.data import DatasetError, load_tasks
+from eval.agent_eval import (UsageError, add_agent_arguments, agent_settings, check_agent_arguments,
+                             engine_options, resolve_checkpoint)  # noqa: F401  (engine_options: our name too)
 from eval.grading import PredictionsError, grade_all, load_predictions
 from eval.report import print_summary, run_report
 from sandbox.base import Limits, SandboxError
@@ -33,10 +34,6 @@ from sandbox.pool import SandboxPool
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
 DEFAULT_DATASET = "SWE-bench/SWE-bench_Verified"
 log = logging.getLogger("eval.swebench")
-
-
-class UsageError(ValueError):
-    """Bad input the user can fix; the message says which and why."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,65 +56,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpus", type=float, default=Limits.cpus, help="CPUs of one sandbox")
     p.add_argument("--warm-pool", type=int, default=0,
                    help="started containers kept ready per image (for --runs > 1 and grading's sandbox); 0: none")
-    agent = p.add_argument_group("the agent (with --ckpt)")
-    agent.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vllm where installed")
-    agent.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                       help="the model's weights and activations; auto: bfloat16 where CUDA is available, else float32")
-    agent.add_argument("--gpu-memory-utilization", type=float, default=None,
-                       help="vllm: the share of GPU memory it takes (default 0.9 with CUDA, else 0.15)")
-    agent.add_argument("--device", default="auto", help="hf: cpu, cuda or cuda:N (auto: cuda where available)")
-    agent.add_argument("--runs", type=int, default=1, help="runs per instance; pass@1 is averaged over them")
-    agent.add_argument("--max-turns", type=int, default=50, help="the paper's coding runs use up to 300")
-    agent.add_argument("--max-tokens", type=int, default=None,
-                       help="the whole context of one rollout (default: the model's max_position_embeddings)")
-    agent.add_argument("--max-new-tokens", type=int, default=4096, help="one assistant turn")
-    agent.add_argument("--rollout-timeout", type=float, default=3600.0, help="wall seconds for one rollout")
-    agent.add_argument("--temperature", type=float, default=1.0)
-    agent.add_argument("--top-p", type=float, default=1.0)
-    agent.add_argument("--seed", type=int, default=0)
-    agent.add_argument("--resume", action="store_true", help="keep the finished rollouts in --output, run the rest")
-    agent.add_argument("--overwrite", action="store_true", help="remove an earlier evaluation in --output first")
+    add_agent_arguments(p, runs_help="runs per instance; pass@1 is averaged over them",
+                        max_turns_help="the paper's coding runs use up to 300")
     args = p.parse_args(argv)
-    for name in ("max_workers", "runs", "max_turns", "max_tokens", "max_new_tokens"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_agent_arguments(p, args)
     if args.warm_pool < 0:
         p.error(f"--warm-pool must be at least 0, got {args.warm_pool}")
-    for name in ("test_timeout", "rollout_timeout", "cpus"):
+    for name in ("test_timeout", "cpus"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
-        p.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-    if args.resume and args.overwrite:
-        p.error("--resume and --overwrite exclude each other")
     return args
-
-
-def resolve_checkpoint(ckpt: str) -> str:
-    """The HF model directory `ckpt` names: itself, its `policy/` (a training checkpoint), or
-    the newest `checkpoints/step_N/policy` of a training output directory; a path that does not
-    exist and looks like `owner/name` is taken as a hub name."""
-    path = Path(ckpt)
-    if not path.exists():
-        if not is_hub_name(ckpt):
-            raise UsageError(f"--ckpt {ckpt}: no such directory (and not a hub name like owner/model)")
-        return ckpt
-    steps = sorted((p for p in [*path.glob("step_*"), *path.glob("checkpoints/step_*")] if p.name[5:].isdigit()),
-                   key=lambda p: int(p.name[5:]))
-    for candidate in (path / "policy", path, *(s / "policy" for s in reversed(steps))):
-        if (candidate / "config.json").is_file():
-            return str(candidate)
-    raise UsageError(f"--ckpt {ckpt}: no config.json there, in {path / 'policy'} or in a checkpoints/step_N/policy; "
-                     "pass an HF model directory or a training checkpoint (checkpoints/step_N)")
-
-
-def context_length(model: str, asked: int | None) -> int:
-    """--max-tokens, or the model's own context (max_position_embeddings) when not given."""
-    if asked is not None:
-        return asked
-    from transformers import AutoConfig
-
-    return int(getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 32768))
 
 
 def warn_about_eval_scripts(tasks: list[Task]) -> None:
@@ -130,80 +78,22 @@ def warn_about_eval_scripts(tasks: list[Task]) -> None:
                     "export that carries eval_script", len(bare), bare[0])
 
 
-def engine_kind(asked: str) -> str:
-    """`auto` is vllm where it is installed, else hf."""
-    if asked != "auto":
-        return asked
-    from agent.engines.vllm import vllm_available
-
-    return "vllm" if vllm_available() else "hf"
-
-
-def engine_options(args: argparse.Namespace, kind: str, max_tokens: int) -> dict:
-    """The engine's options with `auto` resolved for this machine: hf gets its device and dtype;
-    vllm its dtype, the context and its share of GPU memory (0.9 with CUDA: the evaluation has
-    the GPU to itself; else the engine's own 0.15)."""
-    import torch
-
-    try:  # the messages begin with the option's name and value
-        dtype = resolve_dtype(args.dtype)
-        device = resolve_device(args.device) if kind == "hf" else None
-    except ValueError as e:
-        raise UsageError(f"--{e}") from e
-    if kind == "hf":
-        if args.gpu_memory_utilization is not None:
-            log.warning("--gpu-memory-utilization applies to the vllm engine; the hf engine ignores it")
-        return {"device": device, "dtype": dtype}
-    if args.device != "auto":
-        log.warning("--device applies to the hf engine; vLLM runs on the platform it was built for")
-    share = args.gpu_memory_utilization or (0.9 if torch.cuda.is_available() else 0.15)
-    return {"dtype": dtype, "max_model_len": max_tokens, "gpu_memory_utilization": share}
-
-
 def run_settings(args: argparse.Namespace, model: str, kind: str, max_tokens: int, options: dict) -> dict:
     """What the results depend on, as `--resume` compares them (eval.agent_eval.prepare_output)."""
-    engine = {k: v for k, v in options.items() if k != "max_model_len"}  # that is max_tokens
-    return {"model": model, "dataset": args.dataset, "split": args.split, "engine": kind, **engine,
-            "max_turns": args.max_turns, "max_tokens": max_tokens, "max_new_tokens": args.max_new_tokens,
-            "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
-            "test_timeout": args.test_timeout, "rollout_timeout": args.rollout_timeout}
+    return {**agent_settings(args, model, kind, max_tokens, options), "test_timeout": args.test_timeout}
 
 
 def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool: SandboxPool, out: Path) -> dict:
     """The story of `--ckpt`: the model, the output directory, the engine and agent, the
     rollouts with their grades, the reports."""
-    from agent.engines import make_engine
-    from agent.engines.shared import shareable
-    from agent.loop import Agent, AgentConfig
-    from eval.agent_eval import OutputError, evaluate_agent, prepare_output
+    from eval.agent_eval import evaluate_agent, start_agent
     from eval.report import write_agent_reports
 
-    model = resolve_checkpoint(args.ckpt)
+    agent, engine, model = start_agent(args, out, lambda *engine: run_settings(args, *engine), console,
+                                       f"{len(tasks)} instance(s) x {args.runs} run(s)")
     try:
-        max_tokens = context_length(model, args.max_tokens)
-    except OSError as e:  # a hub name without the hub, an unreadable config.json
-        raise UsageError(f"--ckpt {args.ckpt}: cannot read the model's config ({e})") from e
-    kind = engine_kind(args.engine)
-    options = engine_options(args, kind, max_tokens)
-    try:
-        prepare_output(out, run_settings(args, model, kind, max_tokens, options), args.resume, args.overwrite)
-    except OutputError as e:
-        raise UsageError(str(e)) from e
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        engine = shareable(make_engine(kind, model, **options))
-    except Exception as e:  # a broken directory, no vLLM, a context longer than the model's
-        raise UsageError(f"--ckpt {args.ckpt}: cannot load {model} on engine {kind} ({type(e).__name__}: {e})") from e
-    console.print(f"agent: {model} on {kind} ({', '.join(f'{k} {v}' for k, v in options.items())}), "
-                  f"{len(tasks)} instance(s) x {args.runs} run(s), "
-                  f"up to {args.max_turns} turns and {max_tokens} tokens -> {out}")
-    config = AgentConfig(max_turns=args.max_turns, max_tokens=max_tokens, max_new_tokens=args.max_new_tokens,
-                         wall_time_s=args.rollout_timeout, temperature=args.temperature, top_p=args.top_p)
-    try:
-        records = evaluate_agent(Agent(engine, tokenizer, config), tasks, env, pool, out, runs=args.runs,
-                                 max_workers=args.max_workers, resume=args.resume, seed=args.seed, model_name=model)
+        records = evaluate_agent(agent, tasks, env, pool, out, runs=args.runs, max_workers=args.max_workers,
+                                 resume=args.resume, seed=args.seed, model_name=model)
     finally:
         engine.close()  # the async engine's own process goes with it
     return write_agent_reports(records, tasks, out, model, args.dataset, console)
