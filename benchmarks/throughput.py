@@ -15,10 +15,10 @@ the latency, would set the pace). Prints rollouts per hour, learner and engine i
 (the run's `time/learner_idle_frac`, `time/engine_idle_frac`) and the async / sync ratio per
 latency setting, beside AReaL's reported 2.77x. Rates count from the end of the first step.
 
-Read the sync GRPO rows knowing how the orchestrator runs a group: its G rollouts one after
-another, so a sync step keeps batch / G of them in flight (2 for 16 = 2 x 8) whatever the
-worker count. `--cases async_sao sync_grpo sync_sao` adds SAO behind the same barrier (one
-rollout a prompt, every worker busy): the barrier's cost apart from the groups'.
+A group's G rollouts run side by side, each in one of the worker slots (since b1a727a; before
+it they ran one after another, so a sync GRPO step had only batch / G in flight).
+`--cases async_sao sync_grpo sync_sao` adds SAO behind the same barrier (one rollout a prompt):
+the barrier's cost apart from the groups'.
 """
 
 from __future__ import annotations
