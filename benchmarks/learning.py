@@ -108,12 +108,16 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8)
     ablations = [c for c in results["cases"] if c["group"] == "ablation"]
-    sao = next((c for c in results["cases"] if c["name"] == "sao" and ablations and c["lag"] == ablations[0]["lag"]), None)
-    bars = ([sao] if sao else []) + ablations
+    lag = ablations[0]["lag"] if ablations else None
+    sao = next((c for c in results["cases"] if c["name"] == "sao" and c["lag"] == lag), None)
+    # an ablation that is also an algo case at that staleness ran once, as the algo case
+    shared = [c for c in results["cases"] if c["group"] == "algo" and c["name"] in ABLATIONS and c["lag"] == lag]
+    bars = ([sao] if sao else []) + ablations + shared
     ax = axes[0][-1]
     if bars:
-        ax.bar([c["name"] for c in bars], [c["summary"]["final"] for c in bars],
-               yerr=[c["summary"]["final_sd"] for c in bars], color=["C0"] + ["C7"] * (len(bars) - 1))
+        drawn = ax.bar([c["name"] for c in bars], [c["summary"]["final"] for c in bars],
+                       yerr=[c["summary"]["final_sd"] for c in bars], color=["C0"] + ["C7"] * (len(bars) - 1))
+        ax.bar_label(drawn, [f"{c['summary']['final']:.2f}" for c in bars], padding=2, fontsize=8)
         ax.set_title(f"ablations, staleness {bars[0]['lag']}: final reward")
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylim(0, 1.02)
