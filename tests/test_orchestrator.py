@@ -146,33 +146,43 @@ def test_engine_lag_gives_the_engine_the_weights_of_k_versions_ago(monkeypatch):
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_groups_rollouts_run_side_by_side_within_the_worker_count(monkeypatch, mode):
     """GRPO's group of 4 with 4 workers: its rollouts run at once (one after another, a sync
-    batch of 2 groups had 2 rollouts in flight whatever the workers), and never more than 4."""
+    batch of 2 groups had 2 rollouts in flight whatever the workers), and never more than 4.
+    A rollout waits at a barrier of 4 and records whether it got through: every trained one
+    must have. Once the last step is taken the barrier is aborted, so the rollouts an async run
+    started past its end (fewer than a group) return at once instead of at its timeout."""
     import threading
 
-    running, peak, lock, both = [0], [0], threading.Lock(), threading.Barrier(4, timeout=30)
+    running, peak, lock, four = [0], [0], threading.Lock(), threading.Barrier(4, timeout=60)
 
     def run(agent, task, env, pool, seed):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
         try:
-            both.wait()  # returns only once 4 rollouts run at the same time
+            four.wait()  # returns only once 4 rollouts run at the same time
+            together = True
         except threading.BrokenBarrierError:
-            pass
+            together = False
         with lock:
             running[0] -= 1
-        t = Trajectory(task.instance_id, prompt_ids=[1, 2], reward=float(seed % 2), exit_reason="submitted")
+        t = Trajectory(task.instance_id, prompt_ids=[1, 2], reward=float(seed % 2), exit_reason="submitted",
+                       info={"together": together})
         t.append_sampled([3], [-0.5], 0)
         return t
+
+    def on_step(*_):
+        if len(learner.batches) == 2:
+            four.abort()
 
     tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(8)]
     monkeypatch.setattr(orchestrator, "rollout_and_grade", run)
     cfg = RunConfig(mode=mode, batch_size=8, group_size=4, num_workers=4, max_steps=2, max_staleness=8)
     learner = Learner()
     orch = Orchestrator(cfg, TaskSampler([Source("s", env=None, tasks=tasks, agent=None)], seed=0), pool=None,
-                        engine=Engine(), learner=learner, on_step=lambda *a: None)
+                        engine=Engine(), learner=learner, on_step=on_step)
     asyncio.run(asyncio.wait_for(orch.run(), timeout=120))
-    assert len(learner.batches) == 2 and peak[0] == 4 and not both.broken
+    assert len(learner.batches) == 2 and peak[0] == 4
+    assert all(t.info["together"] for batch in learner.batches for t in batch)
     for batch in learner.batches:  # whole groups, in order: each group's 4 rollouts of one task
         ids = [t.instance_id for t in batch]
         assert ids[:4] == [ids[0]] * 4 and ids[4:] == [ids[4]] * 4
