@@ -167,6 +167,8 @@ def write_reports(records: list[list[RolloutRecord]], tasks: list[Task], out: Pa
 
 
 def report_markdown(report: dict[str, Any]) -> str:
+    from eval.report import rollout_tables
+
     lo, hi = report["pass_at_1_ci95"]
     proto = report["protocol"]
     lines = [
@@ -179,15 +181,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         "- the interval: p_i = share of the runs solving problem i, Pass@1 = mean(p_i), +- 1.96 sd(p_i) / sqrt(n) "
         "clipped to [0, 1] (clustered by problem); the Wilson interval over n when every p_i is the same",
         "- accuracy per run: " + ", ".join(f"{100 * a:.1f}%" for a in report["accuracy_per_run"]),
-        "", "## Outcomes (all rollouts)", "", "| answer | rollouts |", "| --- | ---: |",
     ]
-    lines += [f"| {k.replace('_', ' ')} | {v} |" for k, v in sorted(report["status_counts"].items())]
-    lines += ["", "| exit reason | rollouts |", "| --- | ---: |"]
-    lines += [f"| {k} | {v} |" for k, v in sorted(report["exit_reasons"].items())]
-    lines += ["", "## Per rollout", "", "| | mean | median | max |", "| --- | ---: | ---: | ---: |"]
-    for key in ("turns", "tokens", "sampled_tokens"):
-        s = report[key]
-        lines.append(f"| {key.replace('_', ' ')} | {s['mean']:g} | {s['median']:g} | {s['max']:g} |")
+    lines += rollout_tables(report, status="answer", label=lambda k: k.replace("_", " "))
     lines += ["", "## Problems", "", "| id | expected | solved | answers given |", "| --- | --- | ---: | --- |"]
     for iid, row in report["per_problem"].items():
         given = ", ".join("-" if a is None else f"`{a}`" for a in row["answers"][:8])

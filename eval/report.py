@@ -194,20 +194,28 @@ def report_markdown(summary: dict[str, Any], records: list[list[RolloutRecord]],
     ]
     for repo, row in summary["per_repository"].items():
         lines.append(f"| {repo} | {row['instances']} | {100 * row['pass_at_1']:.1f}% |")
-    lines += ["", "## Outcomes (all rollouts)", "", "| status | rollouts |", "| --- | ---: |"]
-    lines += [f"| {k} | {v} |" for k, v in sorted(summary["status_counts"].items())]
-    lines += ["", "| exit reason | rollouts |", "| --- | ---: |"]
-    lines += [f"| {k} | {v} |" for k, v in sorted(summary["exit_reasons"].items())]
-    lines += ["", "## Per rollout", "", "| | mean | median | max |", "| --- | ---: | ---: | ---: |"]
-    for key in ("turns", "tokens", "sampled_tokens"):
-        s = summary[key]
-        lines.append(f"| {key.replace('_', ' ')} | {s['mean']:g} | {s['median']:g} | {s['max']:g} |")
+    lines += rollout_tables(summary)
     errors = [r for run in records for r in run if r.status == "error"]
     if errors:
         lines += ["", "## Errors", ""]
         lines += [f"- run {r.run}, `{r.instance_id}`: {r.error}" for r in errors]
     lines += ["", "Plot: `report.png`. Predictions: `predictions.jsonl` (run 0) and `run_<k>/predictions.jsonl`.", ""]
     return "\n".join(lines)
+
+
+def rollout_tables(summary: dict[str, Any], status: str = "status", label=str) -> list[str]:
+    """A report's markdown tables of every rollout (from `summarize`): the statuses (the column
+    named `status`, each written as `label(status)`), the exit reasons, and turns and tokens per
+    rollout."""
+    lines = ["", "## Outcomes (all rollouts)", "", f"| {status} | rollouts |", "| --- | ---: |"]
+    lines += [f"| {label(k)} | {v} |" for k, v in sorted(summary["status_counts"].items())]
+    lines += ["", "| exit reason | rollouts |", "| --- | ---: |"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(summary["exit_reasons"].items())]
+    lines += ["", "## Per rollout", "", "| | mean | median | max |", "| --- | ---: | ---: | ---: |"]
+    for key in ("turns", "tokens", "sampled_tokens"):
+        s = summary[key]
+        lines.append(f"| {key.replace('_', ' ')} | {s['mean']:g} | {s['median']:g} | {s['max']:g} |")
+    return lines
 
 
 def plot_report(summary: dict[str, Any], records: list[list[RolloutRecord]], path: Path) -> None:
