@@ -14,7 +14,10 @@ spread over seeds), the best step's reward and the samples per second; writes ev
 per-step rows (reward, masked fractions, gradient norms, explained variance, logprob
 mismatch, staleness) as JSON, and a plot of reward against samples and against wall time.
 `--jobs N` runs N of them at once: they share the machine, so wall times compare within one
-invocation only.
+invocation only. `--resume` adds to an `--output` file that holds earlier runs of the same
+experiment, steps, batch size and overrides: runs already there are kept and not run again,
+and its other cases stay in the table and the plot (more seeds, staleness levels or ablations
+across sessions).
 """
 
 from __future__ import annotations
@@ -81,13 +84,34 @@ def summary(runs: list[list[dict]], batch_size: int) -> dict[str, float]:
             "samples_per_s": statistics.mean(rates) if rates else 0.0}
 
 
+def earlier_runs(old: dict, results: dict, plan: list, runs: dict) -> list[dict]:
+    """Fill `runs` with the runs of `old` (an earlier --output) that this plan has; return its
+    other cases. Runs of another experiment, length, batch or overrides do not mix: a ValueError."""
+    for key in ("experiment", "steps", "batch_size", "overrides"):
+        if old.get(key) != results[key]:
+            raise ValueError(f"it holds runs with {key} {old.get(key)!r}, this run has {results[key]!r}")
+    index = {(group, name, lag): i for i, (group, name, _, lag) in enumerate(plan)}
+    kept = []
+    for case in old["cases"]:
+        i = index.get((case["group"], case["name"], case["lag"]))
+        if i is None:
+            kept.append(case)
+            continue
+        if case["overrides"] != plan[i][2]:
+            raise ValueError(f"its case {case['name']} at staleness {case['lag']} ran with {case['overrides']}, "
+                             f"which is now {plan[i][2]}")
+        for seed, rows in zip(case["seeds"], case["runs"], strict=True):
+            runs[(i, seed)] = rows
+    return kept
+
+
 def plot(results: dict, batch_size: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lags = sorted({c["lag"] for c in results["cases"]})
+    lags = sorted({c["lag"] for c in results["cases"] if c["group"] == "algo"}) or [0]
     fig, axes = plt.subplots(2, len(lags) + 1, figsize=(4.2 * (len(lags) + 1), 7), squeeze=False)
     for col, lag in enumerate(lags):
         for case in (c for c in results["cases"] if c["lag"] == lag and c["group"] == "algo"):
@@ -107,19 +131,22 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8)
-    ablations = [c for c in results["cases"] if c["group"] == "ablation"]
-    lag = ablations[0]["lag"] if ablations else None
-    sao = next((c for c in results["cases"] if c["name"] == "sao" and c["lag"] == lag), None)
-    # an ablation that is also an algo case at that staleness ran once, as the algo case
-    shared = [c for c in results["cases"] if c["group"] == "algo" and c["name"] in ABLATIONS and c["lag"] == lag]
-    bars = ([sao] if sao else []) + ablations + shared
+    # the ablations beside SAO at each staleness they ran at; an ablation that is also an algo
+    # case at that staleness ran once, as the algo case
+    bars = []
+    for lag in sorted({c["lag"] for c in results["cases"] if c["group"] == "ablation"}):
+        bars += [c for c in results["cases"] if c["name"] == "sao" and c["lag"] == lag and c["group"] == "algo"]
+        bars += [c for c in results["cases"] if c["group"] == "ablation" and c["lag"] == lag]
+        bars += [c for c in results["cases"] if c["group"] == "algo" and c["name"] in ABLATIONS and c["lag"] == lag]
     ax = axes[0][-1]
     if bars:
-        drawn = ax.bar([c["name"] for c in bars], [c["summary"]["final"] for c in bars],
-                       yerr=[c["summary"]["final_sd"] for c in bars], color=["C0"] + ["C7"] * (len(bars) - 1))
+        drawn = ax.bar(range(len(bars)), [c["summary"]["final"] for c in bars],
+                       yerr=[c["summary"]["final_sd"] for c in bars],
+                       color=["C0" if c["name"] == "sao" else "C7" for c in bars])
         ax.bar_label(drawn, [f"{c['summary']['final']:.2f}" for c in bars], padding=2, fontsize=8)
-        ax.set_title(f"ablations, staleness {bars[0]['lag']}: final reward")
-        ax.tick_params(axis="x", rotation=30)
+        ax.set_xticks(range(len(bars)), [f"{c['name']} @{c['lag']}" for c in bars], rotation=35, ha="right",
+                     fontsize=8)
+        ax.set_title("ablations (@ staleness): reward, last quarter")
         ax.set_ylim(0, 1.02)
     axes[1][-1].axis("off")
     fig.tight_layout()
@@ -134,12 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 4])
-    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    p.add_argument("--algos", nargs="*", default=list(ALGOS), choices=list(ALGOS))
     p.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
     p.add_argument("--ablation-staleness", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="3 steps of 8, one seed, staleness 2, sao and grpo, no ablations")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each a training.run process; they share the machine)")
     p.add_argument("--output", type=Path)
+    p.add_argument("--resume", action="store_true", help="keep the runs already in --output and run only the others")
     p.add_argument("--plot", type=Path)
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every case")
     args = p.parse_args(argv)
@@ -154,13 +182,27 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batch-size must be a multiple of 8 (GRPO's groups of 8)")
     if any(k < 0 for k in args.staleness):
         p.error("--staleness values must be 0 or more")
+    if args.resume and not args.output:
+        p.error("--resume needs --output (the file whose runs it keeps)")
     plan = [("algo", a, ALGOS[a], lag) for lag in args.staleness for a in args.algos]
     plan += [("ablation", a, ABLATIONS[a], args.ablation_staleness) for a in args.ablations
              if not (a in args.algos and args.ablation_staleness in args.staleness)]  # a case run once
+    if not plan:
+        p.error("nothing to run: give --algos or --ablations")
     results = {"experiment": args.experiment, "steps": args.steps, "batch_size": args.batch_size,
-               "seeds": args.seeds, "cases": []}
-    jobs = [(i, seed) for i in range(len(plan)) for seed in args.seeds]
+               "overrides": args.overrides, "seeds": args.seeds, "cases": []}
     runs: dict[tuple[int, int], list[dict]] = {}
+    kept: list[dict] = []  # earlier cases outside this plan, kept as they are
+    if args.resume and args.output.exists():
+        try:
+            kept = earlier_runs(json.loads(args.output.read_text()), results, plan, runs)
+        except (ValueError, KeyError, TypeError) as e:
+            p.error(f"--resume: {args.output}: {e}")
+    seeds = sorted(set(args.seeds) | {seed for _, seed in runs})
+    results["seeds"] = seeds
+    jobs = [(i, seed) for i in range(len(plan)) for seed in args.seeds if (i, seed) not in runs]
+    if runs:
+        print(f"--resume: {len(runs)} run(s) already in {args.output}, {len(jobs)} to run", file=sys.stderr)
     lock = threading.Lock()
 
     def one(job: tuple[int, int]) -> None:
@@ -171,20 +213,21 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             runs[job] = rows
             print(f"[{len(runs)}/{len(jobs)} done] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
-            results["cases"] = cases_so_far()
+            results["cases"] = cases_so_far() + kept
             if args.output:  # after each run: a long benchmark keeps what it measured
                 args.output.write_text(json.dumps(results))
 
     def cases_so_far() -> list[dict]:
         cases = []
         for i, (group, name, overrides, lag) in enumerate(plan):
-            done = [runs[(i, seed)] for seed in args.seeds if (i, seed) in runs]
+            done = [runs[(i, seed)] for seed in seeds if (i, seed) in runs]
             if done:
                 cases.append({"group": group, "name": name, "lag": lag, "overrides": overrides,
-                              "seeds": [seed for seed in args.seeds if (i, seed) in runs],
+                              "seeds": [seed for seed in seeds if (i, seed) in runs],
                               "summary": summary(done, args.batch_size), "runs": done})
         return cases
 
+    results["cases"] = cases_so_far() + kept
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         for future in [pool.submit(one, job) for job in jobs]:
             future.result()

@@ -118,6 +118,34 @@ def test_learning_benchmark_runs_each_algo_at_each_staleness(tmp_path, docker_cl
     assert png.stat().st_size > 0 and "reward, last quarter" in r.stdout
 
 
+def test_learning_resume_keeps_earlier_runs_and_refuses_other_settings(tmp_path, capsys):
+    from benchmarks import learning
+
+    rows = [{"step": 1, "reward/mean": 0.5, "time/elapsed_s": 1.0}, {"step": 2, "reward/mean": 1.0, "time/elapsed_s": 2.0}]
+    results = {"experiment": "guess", "steps": 2, "batch_size": 8, "overrides": ["engine=hf"]}
+    earlier = {**results, "cases": [
+        {"group": "algo", "name": "sao", "lag": 0, "overrides": learning.ALGOS["sao"], "seeds": [0, 1], "runs": [rows, rows]},
+        {"group": "ablation", "name": "no_mask", "lag": 0, "overrides": learning.ABLATIONS["no_mask"], "seeds": [0],
+         "runs": [rows]}]}
+    plan = [("algo", "sao", learning.ALGOS["sao"], 0), ("algo", "grpo", learning.ALGOS["grpo"], 0)]
+    runs = {}
+    kept = learning.earlier_runs(earlier, results, plan, runs)
+    assert runs == {(0, 0): rows, (0, 1): rows}  # sao's two seeds are not run again
+    assert [c["name"] for c in kept] == ["no_mask"]  # a case outside the plan stays in the results
+    with pytest.raises(ValueError, match="steps 2"):
+        learning.earlier_runs(earlier, {**results, "steps": 30}, plan, {})
+    changed = [("algo", "sao", ["algo=sao", "algo.mask=false"], 0)]
+    with pytest.raises(ValueError, match="sao at staleness 0 ran with"):
+        learning.earlier_runs(earlier, results, changed, {})
+    # through the command line: another batch size is refused before anything runs
+    out = tmp_path / "learning.json"
+    out.write_text(json.dumps(earlier))
+    with pytest.raises(SystemExit) as e:
+        learning.main(["engine=hf", "--resume", "--output", str(out), "--steps", "2", "--batch-size", "16",
+                       "--seeds", "0", "--staleness", "0", "--algos", "sao", "--ablations"])
+    assert e.value.code == 2 and "batch_size 8" in capsys.readouterr().err
+
+
 def test_long_run_benchmark_runs_sao_and_grpo_side_by_side(tmp_path, docker_client):
     out, png = tmp_path / "long.json", tmp_path / "long.png"
     r = run("benchmarks.long_run", "--quick", "--output", str(out), "--plot", str(png), *QUICK_GUESS)
