@@ -17,7 +17,8 @@ mismatch, staleness) as JSON, and a plot of reward against samples and against w
 invocation only. `--resume` adds to an `--output` file that holds earlier runs of the same
 experiment, steps, batch size and overrides: runs already there are kept and not run again,
 and its other cases stay in the table and the plot (more seeds, staleness levels or ablations
-across sessions).
+across sessions). It cannot tell that an env or its SFT demonstrations changed in between:
+start a new file then.
 """
 
 from __future__ import annotations
