@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             runs[job] = rows
             print(f"[{len(runs)}/{len(jobs)} done] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
-            results["cases"] = cases_so_far() + kept
+            results["cases"] = kept + cases_so_far()
             if args.output:  # after each run: a long benchmark keeps what it measured
                 args.output.write_text(json.dumps(results))
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                               "summary": summary(done, args.batch_size), "runs": done})
         return cases
 
-    results["cases"] = cases_so_far() + kept
+    results["cases"] = kept + cases_so_far()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         for future in [pool.submit(one, job) for job in jobs]:
             future.result()
