@@ -96,7 +96,7 @@ def earlier_runs(old: dict, results: dict, plan: list, runs: dict) -> list[dict]
     for case in old["cases"]:
         i = index.get((case["group"], case["name"], case["lag"]))
         if i is None:
-            kept.append(case)
+            kept.append({**case, "summary": summary(case["runs"], results["batch_size"])})
             continue
         if case["overrides"] != plan[i][2]:
             raise ValueError(f"its case {case['name']} at staleness {case['lag']} ran with {case['overrides']}, "
@@ -200,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, KeyError, TypeError) as e:
             p.error(f"--resume: {args.output}: {e}")
     seeds = sorted(set(args.seeds) | {seed for _, seed in runs})
-    results["seeds"] = seeds
+    results["seeds"] = sorted(set(seeds) | {seed for case in kept for seed in case["seeds"]})
     jobs = [(i, seed) for i in range(len(plan)) for seed in args.seeds if (i, seed) not in runs]
     if runs:
         print(f"--resume: {len(runs)} run(s) already in {args.output}, {len(jobs)} to run", file=sys.stderr)
+    finished: list[tuple[int, int]] = []  # by this invocation
     lock = threading.Lock()
 
     def one(job: tuple[int, int]) -> None:
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_case(name, overrides, lag, seed, args, Path(tmp))
         with lock:
             runs[job] = rows
-            print(f"[{len(runs)}/{len(jobs)} done] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
+            finished.append(job)
+            print(f"[{len(finished)}/{len(jobs)} done] {name}, staleness {lag}, seed {seed}", file=sys.stderr, flush=True)
             results["cases"] = kept + cases_so_far()
             if args.output:  # after each run: a long benchmark keeps what it measured
                 args.output.write_text(json.dumps(results))

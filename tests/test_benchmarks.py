@@ -144,6 +144,16 @@ def test_learning_resume_keeps_earlier_runs_and_refuses_other_settings(tmp_path,
         learning.main(["engine=hf", "--resume", "--output", str(out), "--steps", "2", "--batch-size", "16",
                        "--seeds", "0", "--staleness", "0", "--algos", "sao", "--ablations"])
     assert e.value.code == 2 and "batch_size 8" in capsys.readouterr().err
+    # every planned run already there: nothing runs, the table, file and plot keep both cases
+    png = tmp_path / "learning.png"
+    assert learning.main(["engine=hf", "--resume", "--output", str(out), "--plot", str(png), "--steps", "2",
+                          "--batch-size", "8", "--seeds", "0", "--staleness", "0", "--algos", "sao",
+                          "--ablations"]) == 0
+    printed = capsys.readouterr()
+    assert "2 run(s) already in" in printed.err and "0 to run" in printed.err and "no_mask" in printed.out
+    again = json.loads(out.read_text())
+    assert [(c["name"], c["seeds"]) for c in again["cases"]] == [("no_mask", [0]), ("sao", [0, 1])]
+    assert png.stat().st_size > 0
 
 
 def test_long_run_benchmark_runs_sao_and_grpo_side_by_side(tmp_path, docker_client):
