@@ -73,11 +73,13 @@ def _worker(conn: Connection, run_id: str, kind: str) -> None:
             finally:
                 grading.close()
         failing = [t for t, status in grade.tests_status.items() if status != "PASSED"]
-        # a test the task names that the log does not show fails the grade as surely as a failed one
-        missing = [t for t in task.FAIL_TO_PASS + task.PASS_TO_PASS if t not in grade.tests_status]
+        # swebench's own verdict per named test: a FAIL_TO_PASS / PASS_TO_PASS test missing from the
+        # log is among its failures, as a failed one is
+        named = (grade.report or {}).get("tests_status", {})
+        failed = [t for k in ("FAIL_TO_PASS", "PASS_TO_PASS") for t in named.get(k, {}).get("failure", [])]
         why = "" if grade.resolved else (f"{task.instance_id}: {grade.error or 'tests failed'} (patch of {len(patch)} "
-                                         f"chars; not passing: {failing[:5]}; named but not in the log: "
-                                         f"{len(missing)} {missing[:5]}; log of {len(grade.log)} chars, "
+                                         f"chars; not passing: {failing[:5]}; named tests graded failed: "
+                                         f"{len(failed)} {failed[:5]}; log of {len(grade.log)} chars, "
                                          f"{grade.log.count(chr(10))} lines); log: {grade.log[-600:]}")
         conn.send(("done", key, grade.resolved, why))
 
