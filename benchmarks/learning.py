@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             kept = earlier_runs(json.loads(args.output.read_text()), results, plan, runs)
         except (ValueError, KeyError, TypeError) as e:
             p.error(f"--resume: {args.output}: {e}")
-    seeds = sorted(set(args.seeds) | {seed for _, seed in runs})
-    results["seeds"] = sorted(set(seeds) | {seed for case in kept for seed in case["seeds"]})
+    seeds = sorted(set(args.seeds) | {seed for _, seed in runs} | {seed for case in kept for seed in case["seeds"]})
+    results["seeds"] = seeds
     jobs = [(i, seed) for i in range(len(plan)) for seed in args.seeds if (i, seed) not in runs]
     if runs:
         print(f"--resume: {len(runs)} run(s) already in {args.output}, {len(jobs)} to run", file=sys.stderr)
