@@ -13,6 +13,7 @@ from agent.tools import ToolBox, load_definitions
 from envs.arith import ArithEnv, make_arith_tasks
 from envs.guess import GuessEnv, make_guess_tasks
 from envs.prefer import PreferEnv, make_prefer_tasks
+from envs.seek import SeekEnv, make_seek_tasks, replay
 from sandbox.pool import SandboxPool
 from test_agent_loop import ScriptedEngine, call
 from training.sft import encode_demo
@@ -117,3 +118,56 @@ def test_demonstrations_are_tokenised_as_the_loop_builds_a_rollout():
     dropped = tok.decode([i for i, m in zip(ids, mask) if not m])
     assert "Higher" in dropped or "Lower" in dropped
     assert game[-1]["content"] not in dropped  # the last observation ends the game, as in a rollout
+
+
+def test_seek_rewards_following_the_replies_and_a_wrong_move_is_final(make_sandbox):
+    env, sb = SeekEnv(), make_sandbox()
+    tasks = make_seek_tasks(300, seed=2)
+    assert {t.extra["secret"] for t in tasks} == set(range(1, 16)) - {8}  # never the start
+    for task in tasks[:3]:
+        env.reset(task, sb)
+        tools = ToolBox(sb, tools=env.tools, handlers=env.tool_handlers(task, sb))
+        word = env.prompt(task).split("the number is ")[1].split(".")[0]
+        while True:  # repeat the latest reply's word: found within 3 moves, every time
+            result = tools.run("move", {"direction": word})
+            assert not result.error
+            if result.submitted:
+                break
+            word = result.output.split("the number is ")[1].split(".")[0]
+        assert result.output == f"Found: the number is {task.extra['secret']}."
+        graded = env.grade(task, sb)
+        assert graded.reward == 1.0 and 1 <= len(graded.report["moves"]) <= 3
+    task = next(t for t in tasks if t.extra["secret"] == 15)
+    env.reset(task, sb)
+    tools = ToolBox(sb, tools=env.tools, handlers=env.tool_handlers(task, sb))
+    bad = tools.run("move", {"direction": "left"})  # the model's mistake: an error observation, no move spent
+    assert bad.error and not bad.submitted and "up or down" in bad.output
+    seen = [tools.run("move", {"direction": d}).output for d in ("down", "up", "up")]
+    assert seen[0] == "The pointer is at 4; the number is up. 2 move(s) left."
+    assert seen[-1] == "The pointer is at 7. No moves left: the number was 15."  # 4 + 2 + 1 cannot reach 15
+    graded = env.grade(task, sb)
+    assert graded.reward == 0.0 and graded.report == {"secret": 15, "moves": ["down", "up", "up"], "pointer": 7}
+    assert replay(3, 3, ["down", "up"]) == (3, True) and replay(3, 3, ["up", "up"]) == (7, False)
+    with pytest.raises(ValueError, match="levels must be at least 2"):
+        make_seek_tasks(1, levels=1)
+
+
+def test_seek_demonstrations_follow_the_reply_with_the_set_probability():
+    """SFT's seek games follow the reply 70% of the time (44% found; at random, 3/14), each
+    move in the loss."""
+    def found(games):
+        return sum(m["content"].startswith("Found") for g in games for m in g if m["role"] == "tool") / len(games)
+
+    env = SeekEnv()
+    games = env.demonstrations(600, random.Random(5), seed=5)
+    assert 0.37 < found(games) < 0.50  # (2 * 0.7 + 4 * 0.7^2 + 8 * 0.7^3) / 14 = 0.436
+    assert 0.15 < found(SeekEnv(demo_follow=0.5).demonstrations(600, random.Random(5), seed=5)) < 0.28  # 0.214
+    with pytest.raises(ValueError, match="demo_follow must be a probability"):
+        SeekEnv(demo_follow=1.5)
+    tok = AutoTokenizer.from_pretrained(build_tiny_model())
+    game = next(g for g in games if len(g) == 7)
+    ids, mask = encode_demo(ChatRenderer(tok, load_definitions(names=env.tools)), env.system_prompt, game)
+    kept = tok.decode([i for i, m in zip(ids, mask) if m])
+    moves = [m["tool_calls"][0]["function"]["arguments"]["direction"] for m in game if m["role"] == "assistant"]
+    assert len(moves) == 3 and kept.count("<tool_call>") == 3
+    assert all(f'"direction": "{d}"' in kept for d in moves)
