@@ -54,7 +54,7 @@ ABLATIONS = {
 }
 KEPT = ("step", "reward/mean", "time/elapsed_s", "staleness/mean", "sao/kept_frac", "sao/mask_frac_low",
         "sao/mask_frac_high", "ppo/clipfrac", "policy/grad_norm", "value/grad_norm", "value/explained_var",
-        "sao/logprob_mismatch_pre", "sao/logprob_mismatch_fresh", "tokens/sampled")
+        "sao/logprob_mismatch_pre", "sao/logprob_mismatch_fresh", "tokens/sampled", "exit/format_errors")
 
 
 def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Path) -> list[dict]:
@@ -113,7 +113,9 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     lags = sorted({c["lag"] for c in results["cases"] if c["group"] == "algo"}) or [0]
-    fig, axes = plt.subplots(2, len(lags) + 1, figsize=(4.2 * (len(lags) + 1), 7), squeeze=False)
+    ablated = sorted({c["lag"] for c in results["cases"] if c["group"] == "ablation"})
+    cols = len(lags) + bool(ablated)  # a column for the ablations only when there are some
+    fig, axes = plt.subplots(2, cols, figsize=(4.2 * cols, 7), squeeze=False)
     for col, lag in enumerate(lags):
         for case in (c for c in results["cases"] if c["lag"] == lag and c["group"] == "algo"):
             runs = case["runs"]
@@ -135,12 +137,12 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
     # the ablations beside SAO at each staleness they ran at; an ablation that is also an algo
     # case at that staleness ran once, as the algo case
     bars = []
-    for lag in sorted({c["lag"] for c in results["cases"] if c["group"] == "ablation"}):
+    for lag in ablated:
         bars += [c for c in results["cases"] if c["name"] == "sao" and c["lag"] == lag and c["group"] == "algo"]
         bars += [c for c in results["cases"] if c["group"] == "ablation" and c["lag"] == lag]
         bars += [c for c in results["cases"] if c["group"] == "algo" and c["name"] in ABLATIONS and c["lag"] == lag]
-    ax = axes[0][-1]
     if bars:
+        ax = axes[0][-1]
         drawn = ax.bar(range(len(bars)), [c["summary"]["final"] for c in bars],
                        yerr=[c["summary"]["final_sd"] for c in bars],
                        color=["C0" if c["name"] == "sao" else "C7" for c in bars])
@@ -149,7 +151,7 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
                      fontsize=8)
         ax.set_title("ablations (@ staleness): reward, last quarter")
         ax.set_ylim(0, 1.02)
-    axes[1][-1].axis("off")
+        axes[1][-1].axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
