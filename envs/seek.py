@@ -15,8 +15,8 @@ direction word. The SFT warm start (`demonstrations`) moves the way the reply sa
 probability `demo_follow` (0.7) and the other way otherwise: it teaches the format, the game
 and a noisy rule, found (2 f + 4 f^2 + 8 f^3) / 14 = 44% of the time with 15 numbers and f =
 0.7; following every reply finds every number. With f = 0.5 (random moves, 3/14 found) the
-tiny model did not pick the rule up from reward within 30 steps: the rule has to be there,
-noisily, for reinforcement learning to sharpen it.
+tiny model did not pick the rule up from reward in 22 to 30 steps at policy lr 1e-4 to 4e-4
+(BENCHMARKS.md): the rule has to be there, noisily, for reinforcement learning to sharpen it.
 
 The moves are recorded in the rollout's sandbox (`MOVES_FILE`); grading replays them.
 """
@@ -82,7 +82,7 @@ class _Game:
         """The tool's observation and whether the game is over; a ValueError for a bad direction."""
         d = str(direction).strip().lower()
         if d not in DIRECTIONS:
-            raise ValueError(f"`direction` must be up or down, got {direction!r}") from None
+            raise ValueError(f"`direction` must be up or down, got {direction!r}")
         self.moves.append(d)
         if self.sandbox is not None:
             self.sandbox.write_file(MOVES_FILE, "\n".join(self.moves) + "\n")
