@@ -63,13 +63,16 @@ def replay(secret: int, levels: int, directions: list[str]) -> tuple[int, bool]:
 
 
 class _Game:
-    """One rollout's game: the pointer, its next step and the moves left."""
+    """One rollout's game: the moves so far; the pointer is where `replay` puts it."""
 
     def __init__(self, task: Task, sandbox: Sandbox | None = None):
         self.secret, self.levels = int(task.extra["secret"]), int(task.extra["levels"])
-        self.pointer, self.step = 1 << (self.levels - 1), 1 << (self.levels - 2)
         self.sandbox = sandbox
         self.moves: list[str] = []
+
+    @property
+    def pointer(self) -> int:
+        return replay(self.secret, self.levels, self.moves)[0]
 
     @property
     def left(self) -> int:
@@ -86,13 +89,12 @@ class _Game:
         self.moves.append(d)
         if self.sandbox is not None:
             self.sandbox.write_file(MOVES_FILE, "\n".join(self.moves) + "\n")
-        self.pointer += self.step if d == "up" else -self.step
-        self.step //= 2
-        if self.pointer == self.secret:
-            return f"Found: the number is {self.pointer}.", True
+        pointer, found = replay(self.secret, self.levels, self.moves)
+        if found:
+            return f"Found: the number is {pointer}.", True
         if self.left <= 0:
-            return f"The pointer is at {self.pointer}. No moves left: the number was {self.secret}.", True
-        return f"The pointer is at {self.pointer}; the number is {self.side()}. {self.left} move(s) left.", False
+            return f"The pointer is at {pointer}. No moves left: the number was {self.secret}.", True
+        return f"The pointer is at {pointer}; the number is {self.side()}. {self.left} move(s) left.", False
 
 
 @register_env("seek")
@@ -111,7 +113,7 @@ class SeekEnv:
 
     def prompt(self, task: Task) -> str:
         game = _Game(task)
-        steps = ", ".join(str(game.step >> i) for i in range(game.levels - 1))
+        steps = ", ".join(str(1 << i) for i in reversed(range(game.levels - 1)))
         return (f"A number from 1 to {(1 << game.levels) - 1} is hidden. The pointer is at {game.pointer}; "
                 f"the number is {game.side()}. Each move goes up or down by {steps} in turn: "
                 f"land on the number in at most {game.left} moves.")
