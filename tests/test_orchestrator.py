@@ -141,6 +141,20 @@ def test_engine_lag_gives_the_engine_the_weights_of_k_versions_ago(monkeypatch):
     orch = Orchestrator(cfg, TaskSampler([Source("s", None, tasks, None)]), None, engine, learner, lambda *a: None)
     asyncio.run(orch.run())
     assert learner.version == 5 and engine.given == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    # stopped after step 3 and resumed from what a checkpoint keeps (orch.lag_state()): the
+    # engine goes on from version 1 with 2 and 3 queued, as in the run that was not stopped
+    cfg3 = RunConfig(batch_size=2, num_workers=2, max_steps=3, engine_lag=2, max_staleness=8)
+    engine, learner = Recording(), Live()
+    orch = Orchestrator(cfg3, TaskSampler([Source("s", None, tasks, None)]), None, engine, learner, lambda *a: None)
+    asyncio.run(orch.run())
+    kept = orch.lag_state()
+    assert [(v, float(w[0][1])) for w, v in kept] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    engine = Recording()
+    orch = Orchestrator(cfg, TaskSampler([Source("s", None, tasks, None)]), None, engine, learner, lambda *a: None,
+                        start_step=3)
+    engine.update_weights(*orch.load_lag_state(kept))
+    asyncio.run(orch.run())
+    assert learner.version == 5 and engine.given == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

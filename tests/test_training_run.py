@@ -114,9 +114,12 @@ def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, dock
 
 def test_sigterm_stops_after_the_step_under_way_and_keeps_it(tmp_path, docker_client):
     """A scheduler's preemption: the step under way ends, a checkpoint of it is written, the
-    exit code says which signal (128 + 15), and the same command goes on from there."""
+    exit code says which signal (128 + 15), and the same command goes on from there. With
+    trainer.engine_lag the checkpoint keeps the engine's lagged weights, and the resumed engine
+    starts from them."""
     out = tmp_path / "run"
-    proc = train(out, "trainer.max_steps=50", "trainer.checkpoint_every=1000", "held_out=null", wait=False)
+    proc = train(out, "trainer.max_steps=50", "trainer.checkpoint_every=1000", "held_out=null", "trainer.engine_lag=1",
+                 wait=False)
     deadline = time.time() + 600
     while not (out / "metrics.jsonl").exists() or not steps(out):
         assert proc.poll() is None, proc.stderr.read()[-4000:]
@@ -128,10 +131,16 @@ def test_sigterm_stops_after_the_step_under_way_and_keeps_it(tmp_path, docker_cl
     stopped = steps(out)[-1]
     assert stopped < 50 and f"stopped at step {stopped} on SIGTERM" in err.replace("\n", "")
     assert (out / "checkpoints" / f"step_{stopped}" / "run_state.json").exists()
+    import torch
+
+    lagged = torch.load(out / "checkpoints" / f"step_{stopped}" / "engine_lag.pt", weights_only=True)
+    assert [version for _, version in lagged] == [stopped - 1, stopped]  # the engine's and the one queued for it
     left = docker_client.containers.list(all=True, filters={"label": f"sao.run_id={RUN_ID}"})
     assert not left
-    r = train(out, f"trainer.max_steps={stopped + 1}", "trainer.checkpoint_every=1000", "held_out=null")
+    r = train(out, f"trainer.max_steps={stopped + 1}", "trainer.checkpoint_every=1000", "held_out=null",
+              "trainer.engine_lag=1")
     assert r.returncode == 0, r.stderr[-4000:]
+    assert "no engine_lag weights" not in r.stderr
     assert steps(out) == list(range(1, stopped + 2))
     state = json.loads((out / "checkpoints" / f"step_{stopped + 1}" / "run_state.json").read_text())
     assert state["stream"]["counts"]["taken"] == (stopped + 1) * 4 == len(state["stream"]["consumed_ids"])

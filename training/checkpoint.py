@@ -2,7 +2,9 @@
 
 `output_dir/checkpoints/step_N/` holds `policy/` and `critic/` (HF format, loadable with
 `from_pretrained`), `learner.pt` (optimizers, step, version, RNG) and `run_state.json` (the
-task sampler and the stream: queued rollouts, counters, consumed keys). A checkpoint is
+task sampler and the stream: queued rollouts, counters, consumed keys), and with
+`trainer.engine_lag` = k `engine_lag.pt` (the k + 1 policy versions the engine samples with
+and has queued: k + 1 copies of the policy's weights). A checkpoint is
 written to a temporary folder and renamed, so a crash mid-write leaves the previous one.
 Metrics go to `output_dir/metrics.jsonl` (one JSON object per step) and TensorBoard events.
 """
@@ -16,16 +18,23 @@ from pathlib import Path
 from typing import Any
 
 
+LAG_FILE = "engine_lag.pt"
+
+
 class Checkpoints:
     def __init__(self, output_dir: str | Path, keep: int = 3):
         self.root = Path(output_dir) / "checkpoints"
         self.keep = keep
 
-    def save(self, step: int, learner, run_state: dict[str, Any]) -> Path:
+    def save(self, step: int, learner, run_state: dict[str, Any], lagged: list | None = None) -> Path:
         final = self.root / f"step_{step}"
         tmp = self.root / f".tmp_step_{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         learner.save(tmp)
+        if lagged:
+            import torch
+
+            torch.save(lagged, tmp / LAG_FILE)
         (tmp / "run_state.json").write_text(json.dumps(run_state))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

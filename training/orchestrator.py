@@ -133,6 +133,7 @@ class Orchestrator:
         self._wait_s = 0.0
         self._start = 0.0
         self._past: collections.deque = collections.deque()  # engine_lag: the weights not yet given to the engine
+        self._given = None  # engine_lag: the (weights, version) the engine samples with now
         self.stop_reason: str | None = None  # set by `request_stop`: the run ends after the step under way
         self._stop = asyncio.Event()
 
@@ -149,6 +150,8 @@ class Orchestrator:
 
     async def run(self) -> None:
         self._start = time.monotonic()
+        if self.cfg.engine_lag and self._given is None:  # what the engine starts with, for a checkpoint
+            self._given = (self._snapshot(self.learner.state_dict_for_engine()), self.learner.version)
         self._engine_busy0 = self.engine.busy_s
         if self.cfg.mode == "async":
             # num_workers rollouts at once, whatever the group size (a group's run side by side)
@@ -303,17 +306,45 @@ class Orchestrator:
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
         self.on_step(self.step, metrics, batch)
 
+    @staticmethod
+    def _snapshot(weights):
+        """The weights as they are now: a list of tensors is cloned to the CPU, a handle to an
+        object store (runtime=ray) is already a snapshot."""
+        if isinstance(weights, list):
+            return [(name, t.detach().to("cpu", copy=True)) for name, t in weights]
+        return weights
+
     def _lagged(self, weights, version: int):
         """(weights, version) for the engine: the latest, or with `engine_lag` = k those of k
-        versions ago (None until there are k + 1: the engine keeps what it has). The copies
-        are the learner's weights as they were: a list of tensors is cloned, a handle to an
-        object store (runtime=ray) is already a snapshot."""
+        versions ago (None until there are k + 1: the engine keeps what it has)."""
         if not self.cfg.engine_lag:
             return weights, version
-        if isinstance(weights, list):
-            weights = [(name, t.detach().to("cpu", copy=True)) for name, t in weights]
-        self._past.append((weights, version))
-        return self._past.popleft() if len(self._past) > self.cfg.engine_lag else None
+        self._past.append((self._snapshot(weights), version))
+        if len(self._past) > self.cfg.engine_lag:
+            self._given = self._past.popleft()
+            return self._given
+        return None
+
+    def lag_state(self) -> list[tuple[list, int]]:
+        """engine_lag: the engine's weights and those queued for it, oldest first, as lists of
+        (name, CPU tensor) with their versions (empty without a lag). A checkpoint keeps them, so
+        a resumed run samples k versions behind from its first step, as the stopped one did."""
+        entries = ([self._given] if self._given is not None else []) + list(self._past)
+        out = []
+        for weights, version in entries:
+            if not isinstance(weights, list):  # a Ray object-store handle (RayWeights)
+                import ray
+
+                weights = ray.get(weights.ref)
+            out.append((weights, version))
+        return out
+
+    def load_lag_state(self, entries: list[tuple[list, int]]) -> tuple[list, int]:
+        """Take `lag_state()`'s entries back (the newest k + 1 where the lag changed); returns
+        the (weights, version) the engine is to sample with."""
+        entries = entries[-(self.cfg.engine_lag + 1):]
+        self._given, self._past = entries[0], collections.deque(entries[1:])
+        return self._given
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "sampler": self.sampler.state_dict(), "stream": self.stream.state_dict()}

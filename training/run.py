@@ -38,7 +38,7 @@ from sandbox.base import Limits, SandboxError
 from sandbox.docker import client as docker_client
 from sandbox.pool import SandboxPool
 from training import distributed
-from training.checkpoint import Checkpoints, MetricsLog
+from training.checkpoint import LAG_FILE, Checkpoints, MetricsLog
 from training.config import CONF, ConfigError, check
 from training.mcore.model import LayoutError
 from training.orchestrator import Orchestrator, RolloutsFailing, RunConfig, Source, TaskSampler, evaluate
@@ -148,6 +148,21 @@ def step_line(step: int, max_steps: int, metrics: dict) -> str:
     return f"step {step}/{max_steps}  " + "  ".join(parts)
 
 
+def resumed_engine_weights(orch, learner, checkpoint: Path) -> tuple[list, int]:
+    """(weights, version) the engine resumes with: the learner's, or with trainer.engine_lag
+    those the stopped run's engine had (its queue too), from the checkpoint's `engine_lag.pt`.
+    A checkpoint without them (engine_lag was 0 then) starts the lag over: said."""
+    lag_file = checkpoint / LAG_FILE
+    if orch.cfg.engine_lag and lag_file.exists():
+        import torch
+
+        return orch.load_lag_state(torch.load(lag_file, weights_only=True))
+    if orch.cfg.engine_lag:
+        console.print(f"[yellow]note:[/yellow] {checkpoint} holds no engine_lag weights: the engine starts from the "
+                      f"learner's and lags {orch.cfg.engine_lag} versions again after as many steps")
+    return learner.state_dict_for_engine(), learner.version
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
@@ -230,7 +245,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
         orch.step = state["step"]
         sampler.load_state_dict(state["sampler"])
         orch.stream.load_state_dict(state["stream"])
-        engine.update_weights(learner.state_dict_for_engine(), learner.version)
+        engine.update_weights(*resumed_engine_weights(orch, learner, latest))
         console.print(f"resumed from {latest} (step {orch.step}, policy version {learner.version})")
         if orch.step >= run_cfg.max_steps:
             console.print(f"{out} already holds all {run_cfg.max_steps} steps: trainer.max_steps=N (N > {orch.step}) "
@@ -256,7 +271,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
             if not console.is_terminal:  # a log file gets no live bar: one line a step instead
                 console.print(step_line(step, run_cfg.max_steps, metrics))
             if step % run_cfg.checkpoint_every == 0 or step == run_cfg.max_steps:
-                console.print(f"step {step}: checkpoint {checkpoints.save(step, learner, orch.state_dict())}")
+                console.print(f"step {step}: checkpoint {checkpoints.save(step, learner, orch.state_dict(), orch.lag_state())}")
 
         orch.on_step = on_step
 
@@ -282,7 +297,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
     if orch.stop_reason is not None and orch.step < run_cfg.max_steps:
         kept = checkpoints.latest()
         if orch.step and (kept is None or kept.name != f"step_{orch.step}"):
-            kept = checkpoints.save(orch.step, learner, orch.state_dict())
+            kept = checkpoints.save(orch.step, learner, orch.state_dict(), orch.lag_state())
         console.print(f"stopped at step {orch.step} on {orch.stop_reason}: "
                       + (f"{kept} is kept, the same command resumes from it" if kept else "no step was taken"))
         pool.close()
