@@ -13,10 +13,11 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train(overrides: list[str], out: Path, label: str) -> Path:
-    """Run `python -m training.run` with `overrides` into `out` (no held-out scoring, no
-    resume); returns `out`. A failed run ends the benchmark with its stderr's tail."""
-    cmd = [sys.executable, "-m", "training.run", "held_out=null", "resume=false", f"output_dir={out}",
+def train(overrides: list[str], out: Path, label: str, resume: bool = False) -> Path:
+    """Run `python -m training.run` with `overrides` into `out` (no held-out scoring; a run
+    already in `out` is started over, or with `resume` gone on with from its newest
+    checkpoint); returns `out`. A failed run ends the benchmark with its stderr's tail."""
+    cmd = [sys.executable, "-m", "training.run", "held_out=null", f"resume={str(resume).lower()}", f"output_dir={out}",
            f"run_id=bench-{label}-{int(time.time())}", *overrides]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:

@@ -57,13 +57,16 @@ KEPT = ("step", "reward/mean", "time/elapsed_s", "staleness/mean", "sao/kept_fra
         "sao/logprob_mismatch_pre", "sao/logprob_mismatch_fresh", "tokens/sampled", "exit/format_errors")
 
 
-def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Path) -> list[dict]:
+def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Path, resume: bool = False,
+             checkpoint_every: int | None = None) -> list[dict]:
+    """One run's kept rows, from `tmp/<name>-lag<lag>-s<seed>`: a checkpoint at the end only,
+    or every `checkpoint_every` steps; with `resume`, a run already there goes on from its newest."""
     label = f"{name}-lag{lag}-s{seed}"
     out = tmp / label
     train([f"+experiment={args.experiment}", *overrides, f"seed={seed}", f"trainer.max_steps={args.steps}",
            f"trainer.batch_size={args.batch_size}", f"trainer.engine_lag={lag}",
-           f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={args.steps}", *args.overrides],
-          out, label)
+           f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={checkpoint_every or args.steps}",
+           *args.overrides], out, label, resume=resume)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [{k: r[k] for k in KEPT if r.get(k) is not None} for r in rows]
 

@@ -3,23 +3,32 @@ learner steps (the paper: GRPO collapses near step 160, SAO trains stably for 1,
 
     python -m benchmarks.long_run [--steps 1000] [--staleness 4] [--algos sao grpo]
         [--experiment guess] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
-        [--plot FILE.png] [overrides ...]
+        [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25]] [overrides ...]
 
 The runs go at the same time (each its own `python -m training.run`, so they share the
 machine alike) with `trainer.engine_lag` set, so every rollout is sampled by the policy of that
 many versions ago. Per step it keeps the reward, the masked or clipped fractions, the policy's
 and the critic's gradient norms, the engine/learner logprob mismatch and the response length
 (sampled tokens per rollout), prints where each run ended and its worst stretch, and plots them.
+While they run, each run's step and recent reward are printed every `--progress-every` seconds.
+
+A long run outlasts a session: with `--run-dir DIR` the runs live in DIR (one folder each, a
+checkpoint every `--checkpoint-every` steps) and the same command goes on with each from its
+newest checkpoint, the engine's lagged weights included. Stop it with Ctrl-C or SIGTERM to
+every `training.run` (each keeps the step under way); without `--run-dir` they live in a
+temporary folder and start over.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -49,6 +58,37 @@ def smooth(xs: list[float], k: int = 10) -> list[float]:
     return [statistics.mean(xs[max(0, i - k + 1): i + 1]) for i in range(len(xs))]
 
 
+def same_runs(run_dir: Path, settings: dict) -> None:
+    """Record what the runs in `run_dir` are (`long_run.json`), or check that they are these:
+    going on with a run of another env, staleness, batch, seed or overrides would mix two
+    experiments in one curve (a ValueError). Only the number of steps may change."""
+    record = run_dir / "long_run.json"
+    if record.exists():
+        old = json.loads(record.read_text())
+        changed = [f"{key} {old.get(key)!r} (now {value!r})" for key, value in settings.items() if old.get(key) != value]
+        if changed:
+            raise ValueError(f"--run-dir {run_dir} holds runs with " + ", ".join(changed)
+                             + ": give the same settings, or another --run-dir")
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(settings, indent=2))
+
+
+def progress(folders: dict[str, Path], steps: int) -> str:
+    """One line: each run's last logged step and its mean reward over the last 10 steps."""
+    parts = []
+    for name, folder in folders.items():
+        path = folder / "metrics.jsonl"
+        try:
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (FileNotFoundError, json.JSONDecodeError):  # not started yet, or a line half written
+            rows = []
+        recent = [r["reward/mean"] for r in rows[-10:] if r.get("reward/mean") is not None]
+        parts.append(f"{name} step {rows[-1]['step'] if rows else 0}/{steps}"
+                     + (f" reward {statistics.mean(recent):.2f}" if recent else ""))
+    return "  ".join(parts)
+
+
 def plot(runs: dict[str, list[dict]], lag: int, path: Path) -> None:
     import matplotlib
 
@@ -76,37 +116,59 @@ def plot(runs: dict[str, list[dict]], lag: int, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.long_run", description=__doc__.split("\n\n")[0])
     p.add_argument("--experiment", default="guess")
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, help="learner steps per run (1000; 4 with --quick)")
     p.add_argument("--staleness", type=int, default=4)
     p.add_argument("--algos", nargs="+", default=["sao", "grpo"], choices=list(ALGOS))
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="4 steps of 8")
+    p.add_argument("--quick", action="store_true", help="4 steps (unless --steps says) of 8 rollouts")
     p.add_argument("--output", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--run-dir", type=Path, help="keep the runs here; the same command goes on with them")
+    p.add_argument("--checkpoint-every", type=int, default=25, help="with --run-dir: steps between checkpoints")
+    p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every run")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.batch_size = 4, 8
+        args.batch_size = 8
+    args.steps = args.steps or (4 if args.quick else 1000)
     if args.steps < 2 or args.staleness < 0 or args.batch_size % 8:
         p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
+    if args.checkpoint_every < 1:
+        p.error(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     runs: dict[str, list[dict]] = {}
     errors: list[BaseException] = []
 
-    def one(name: str, tmp: Path) -> None:
+    kept = args.run_dir is not None
+    if kept:
         try:
-            runs[name] = derived(run_case(name, ALGOS[name], args.staleness, args.seed, args, tmp), args.batch_size)
+            same_runs(args.run_dir, {key: getattr(args, key) for key in ("experiment", "staleness", "batch_size", "seed",
+                                                                          "overrides")})
+        except ValueError as e:
+            p.error(str(e))
+
+    def one(name: str, where: Path) -> None:
+        try:
+            rows = run_case(name, ALGOS[name], args.staleness, args.seed, args, where, resume=kept,
+                            checkpoint_every=args.checkpoint_every if kept else None)
+            runs[name] = derived(rows, args.batch_size)
         except BaseException as e:  # SystemExit from a failed run, said below
             errors.append(e)
 
-    print(f"{', '.join(args.algos)}: {args.steps} steps each at staleness {args.staleness}, side by side",
-          file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        threads = [threading.Thread(target=one, args=(name, Path(tmp))) for name in args.algos]
+    print(f"{', '.join(args.algos)}: {args.steps} steps each at staleness {args.staleness}, side by side"
+          + (f", in {args.run_dir} (the same command goes on with them)" if kept else ""), file=sys.stderr, flush=True)
+    with contextlib.ExitStack() as stack:
+        where = args.run_dir if kept else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        threads = [threading.Thread(target=one, args=(name, where)) for name in args.algos]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        folders = {name: where / f"{name}-lag{args.staleness}-s{args.seed}" for name in args.algos}
+        while any(t.is_alive() for t in threads):
+            deadline = time.monotonic() + args.progress_every
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if any(t.is_alive() for t in threads):
+                print(progress(folders, args.steps), file=sys.stderr, flush=True)
     if errors:
         raise SystemExit(str(errors[0]))
     table = Table(title=f"{args.experiment}, staleness {args.staleness}: {args.steps} steps x {args.batch_size} rollouts")
