@@ -5,7 +5,7 @@ samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled s
     python -m benchmarks.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
         [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean]
         [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
-        [--experiment guess] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
+        [--experiment seek] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
 
 Every case is `python -m training.run +experiment=<experiment>` with the same batch of
 rollouts per step (SAO: that many prompts x 1; GRPO: prompts x 8) and the same steps, so the
@@ -162,7 +162,8 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n\n")[0])
-    p.add_argument("--experiment", default="guess")
+    p.add_argument("--experiment", default="seek",
+                   help="conf/experiment/<name>.yaml (seek: the env the tiny model learns)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

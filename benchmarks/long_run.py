@@ -2,7 +2,7 @@
 learner steps (the paper: GRPO collapses near step 160, SAO trains stably for 1,000).
 
     python -m benchmarks.long_run [--steps 1000] [--staleness 4] [--algos sao grpo]
-        [--experiment guess] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
+        [--experiment seek] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
         [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25]] [overrides ...]
 
 The runs go at the same time (each its own `python -m training.run`, so they share the
@@ -115,7 +115,8 @@ def plot(runs: dict[str, list[dict]], lag: int, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.long_run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--experiment", default="guess")
+    p.add_argument("--experiment", default="seek",
+                   help="conf/experiment/<name>.yaml (seek: the env the tiny model learns)")
     p.add_argument("--steps", type=int, help="learner steps per run (1000; 4 with --quick)")
     p.add_argument("--staleness", type=int, default=4)
     p.add_argument("--algos", nargs="+", default=["sao", "grpo"], choices=list(ALGOS))

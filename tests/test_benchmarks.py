@@ -96,14 +96,14 @@ def test_value_pretraining_benchmark_runs_both_ways(docker_client):
     assert "fresh value head" in r.stderr and "value pretrained" in r.stderr
 
 
-# the guess env's SFT shrunk to seconds: these check the benchmarks' plumbing, not learning
-QUICK_GUESS = ("engine=hf", "model.sft.steps=4", "model.sft.examples=64", "trainer.num_workers=4",
+# the seek env's SFT (the benchmarks' default) shrunk to seconds: these check the benchmarks' plumbing, not learning
+QUICK = ("engine=hf", "model.sft.steps=4", "model.sft.examples=64", "trainer.num_workers=4",
                "model.algo_overrides.critic_warmup_steps=0")  # SAO's policy versions start at step 1
 
 
 def test_learning_benchmark_runs_each_algo_at_each_staleness(tmp_path, docker_client):
     out, png = tmp_path / "learning.json", tmp_path / "learning.png"
-    r = run("benchmarks.learning", "--quick", "--jobs", "2", "--output", str(out), "--plot", str(png), *QUICK_GUESS)
+    r = run("benchmarks.learning", "--quick", "--jobs", "2", "--output", str(out), "--plot", str(png), *QUICK)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert {(c["name"], c["lag"]) for c in result["cases"]} == {("sao", 2), ("grpo", 2)}
@@ -122,7 +122,7 @@ def test_learning_resume_keeps_earlier_runs_and_refuses_other_settings(tmp_path,
     from benchmarks import learning
 
     rows = [{"step": 1, "reward/mean": 0.5, "time/elapsed_s": 1.0}, {"step": 2, "reward/mean": 1.0, "time/elapsed_s": 2.0}]
-    results = {"experiment": "guess", "steps": 2, "batch_size": 8, "overrides": ["engine=hf"]}
+    results = {"experiment": "seek", "steps": 2, "batch_size": 8, "overrides": ["engine=hf"]}
     earlier = {**results, "cases": [
         {"group": "algo", "name": "sao", "lag": 0, "overrides": learning.ALGOS["sao"], "seeds": [0, 1], "runs": [rows, rows]},
         {"group": "ablation", "name": "no_mask", "lag": 0, "overrides": learning.ABLATIONS["no_mask"], "seeds": [0],
@@ -163,11 +163,11 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     import torch
 
     first = run("benchmarks.long_run", "--quick", "--steps", "2", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
-                *QUICK_GUESS)
+                *QUICK)
     assert first.returncode == 0, first.stderr[-3000:]
     before = json.loads(out.read_text())["runs"]
     r = run("benchmarks.long_run", "--quick", "--steps", "4", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
-            "--plot", str(png), *QUICK_GUESS)
+            "--plot", str(png), *QUICK)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {"sao", "grpo"}
@@ -178,5 +178,5 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
         assert [version for _, version in lagged] == [2, 3, 4]
     assert all(row["length"] > 0 for rows in result["runs"].values() for row in rows)
     assert png.stat().st_size > 0 and "worst 10-step mean after best" in r.stdout
-    other = run("benchmarks.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK_GUESS)
+    other = run("benchmarks.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
     assert other.returncode == 2 and "seed 0 (now 1)" in other.stderr
