@@ -89,7 +89,8 @@ def rollout_seed(seed: int, run: int, instance_id: str) -> int:
     return seed + 1_000_003 * run + zlib.crc32(instance_id.encode()) % 1_000_000
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename: a crash leaves the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -116,7 +117,7 @@ def prepare_output(out: Path, settings: dict[str, Any], resume: bool = False, ov
         for name in ("predictions.jsonl", "report.json", "report.md", "report.png", SETTINGS_FILE):
             (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, json.dumps(settings, indent=2))
+    write_atomic(path, json.dumps(settings, indent=2))
 
 
 def swe_rollout(agent: Agent, task: Task, env: Env, pool: SandboxPool, inst: Path, record: RolloutRecord,
@@ -163,7 +164,7 @@ def run_job(agent: Agent, task: Task, env: Env, pool: SandboxPool, out: Path, ru
         record.error = f"{type(e).__name__}: {e}"
         (inst / "error.txt").write_text(record.error + "\n\n" + traceback.format_exc())
     record.seconds = round(time.monotonic() - t0, 2)
-    _write_atomic(inst / "result.json", json.dumps(asdict(record), indent=2))
+    write_atomic(inst / "result.json", json.dumps(asdict(record), indent=2))
     return record
 
 
@@ -222,7 +223,7 @@ def write_predictions(path: Path, records: list[RolloutRecord], model_name: str)
     lines = [json.dumps({"instance_id": r.instance_id, "model_name_or_path": model_name, "model_patch": r.model_patch})
              for r in records]
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, "".join(line + "\n" for line in lines))
+    write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 # -- a checkpoint evaluation's agent (`--ckpt`), shared by eval.swebench and eval.math ------------

@@ -136,12 +136,12 @@ def evaluate_checkpoint(args: argparse.Namespace, tasks: list[Task], env, pool, 
 def write_reports(records: list[list[RolloutRecord]], tasks: list[Task], out: Path, model: str,
                   args: argparse.Namespace) -> dict:
     """Each run's answers (`run_<k>/predictions.jsonl`), `report.json`, `report.md`, `report.png`."""
-    from eval.agent_eval import _write_atomic
+    from eval.agent_eval import write_atomic
     from eval.report import summarize
 
     for k, run in enumerate(records):
         lines = [json.dumps({"id": r.instance_id, "answer": r.answer}) + "\n" for r in run]
-        _write_atomic(out / f"run_{k}" / "predictions.jsonl", "".join(lines))
+        write_atomic(out / f"run_{k}" / "predictions.jsonl", "".join(lines))
     summary = summarize(tasks, records)
     summary.pop("per_repository")
     summary["accuracy_per_run"] = summary.pop("resolved_rate_per_run")
