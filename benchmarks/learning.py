@@ -3,7 +3,7 @@ samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled s
 (`trainer.engine_lag`), over seeds; and the paper's Table 4 ablations in miniature.
 
     python -m benchmarks.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
-        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean]
+        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean [running_mean_global]]
         [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
         [--experiment seek] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
 
@@ -38,13 +38,18 @@ from rich.table import Table
 from benchmarks.common import train
 
 # case -> overrides (on top of the experiment). running_mean: SAO's loss with A = r - the mean
-# of the prompt's 8 most recent rewards instead of a critic (the paper's ablation)
+# of the prompt's 8 most recent rewards instead of a critic (the paper's ablation); with one
+# rollout per prompt that window is mostly empty (A = r). running_mean_global: the mean of the
+# 128 most recent rewards of all prompts (the paper's online experiment); asked by name only
 ALGOS = {
     "sao": ["algo=sao"],
     "grpo": ["algo=grpo"],
     "grpo_dis": ["algo=grpo_dis"],
     "running_mean": ["algo=sao", "algo.baseline=running_mean"],
+    "running_mean_global": ["algo=sao", "algo.baseline=running_mean", "algo.baseline_scope=global",
+                            "algo.baseline_window=128"],
 }
+DEFAULT_ALGOS = ["sao", "grpo", "grpo_dis", "running_mean"]  # the paper's comparison
 # the paper's Table 4, each one change to SAO
 ABLATIONS = {
     "one_critic_update": ["algo=sao", "algo.critic_steps=1"],
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 4])
-    p.add_argument("--algos", nargs="*", default=list(ALGOS), choices=list(ALGOS))
+    p.add_argument("--algos", nargs="*", default=DEFAULT_ALGOS, choices=list(ALGOS))
     p.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
     p.add_argument("--ablation-staleness", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="3 steps of 8, one seed, staleness 2, sao and grpo, no ablations")
