@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (4 if args.quick else 1000)
     if args.steps < 2 or args.staleness < 0 or args.batch_size % 8:
         p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
-    if args.checkpoint_every < 1:
-        p.error(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    if args.checkpoint_every < 1 or args.progress_every <= 0:
+        p.error("--checkpoint-every must be at least 1 and --progress-every above 0")
     runs: dict[str, list[dict]] = {}
     errors: list[BaseException] = []
 
