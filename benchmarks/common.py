@@ -13,6 +13,11 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file (a run's metrics.jsonl, rollouts.jsonl), blank lines skipped."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def train(overrides: list[str], out: Path, label: str, resume: bool = False) -> Path:
     """Run `python -m training.run` with `overrides` into `out` (no held-out scoring; a run
     already in `out` is started over, or with `resume` gone on with from its newest
@@ -30,7 +35,7 @@ def rates(out: Path, batch_size: int) -> dict[str, float]:
     step trained on, batch_size where it is missing). Rates count from the end of the first
     step on, so every mode pays the same start-up; the idle fractions are the run's own
     (`time/learner_idle_frac`, `time/engine_idle_frac` at its last step)."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(out / "metrics.jsonl")
     if len(rows) < 2:
         raise SystemExit(f"{out}: {len(rows)} learner step(s) logged, at least 2 are needed for a rate")
     trained = {r["step"]: batch_size for r in rows}

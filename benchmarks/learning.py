@@ -35,7 +35,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.common import train
+from benchmarks.common import read_jsonl, train
 
 # case -> overrides (on top of the experiment). running_mean: SAO's loss with A = r - the mean
 # of the prompt's 8 most recent rewards instead of a critic (the paper's ablation); with one
@@ -72,7 +72,7 @@ def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Pa
            f"trainer.batch_size={args.batch_size}", f"trainer.engine_lag={lag}",
            f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={checkpoint_every or args.steps}",
            *args.overrides], out, label, resume=resume)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(out / "metrics.jsonl")
     return [{k: r[k] for k in KEPT if r.get(k) is not None} for r in rows]
 
 

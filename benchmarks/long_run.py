@@ -34,6 +34,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.common import read_jsonl
 from benchmarks.learning import ALGOS, run_case
 
 SERIES = {  # panel title: (metric, its label)
@@ -78,9 +79,8 @@ def progress(folders: dict[str, Path], steps: int) -> str:
     """One line: each run's last logged step and its mean reward over the last 10 steps."""
     parts = []
     for name, folder in folders.items():
-        path = folder / "metrics.jsonl"
         try:
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = read_jsonl(folder / "metrics.jsonl")
         except (FileNotFoundError, json.JSONDecodeError):  # not started yet, or a line half written
             rows = []
         recent = [r["reward/mean"] for r in rows[-10:] if r.get("reward/mean") is not None]

@@ -41,6 +41,8 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.common import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {  # label: the overrides that make it
     "sao": [],
@@ -103,18 +105,14 @@ def train(label: str, seed: int, out: Path, phases: list[dict] | None, overrides
     return out
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def per_step(out: Path, styles: list[str]) -> dict:
     """Per learner step of a finished run: mean reward, the majority phase, the policy version,
     and the share of each style (and of none: no answer, or a name in no pool) among the
     rollouts trained on."""
-    graded = {g["instance_id"]: g for g in _jsonl(out / "record.jsonl")}
-    metrics = {m["step"]: m for m in _jsonl(out / "metrics.jsonl")}
+    graded = {g["instance_id"]: g for g in read_jsonl(out / "record.jsonl")}
+    metrics = {m["step"]: m for m in read_jsonl(out / "metrics.jsonl")}
     by_step: dict[int, list[dict]] = {}
-    for r in _jsonl(out / "rollouts.jsonl"):
+    for r in read_jsonl(out / "rollouts.jsonl"):
         g = graded.get(r["instance_id"])
         if g is None:  # cannot happen while every instance id is graded once (+experiment=online)
             raise SystemExit(f"{out}: rollout {r['instance_id']} has no grading record")

@@ -32,6 +32,8 @@ from rich.console import Console
 from rich.table import Table
 from transformers import TrainerCallback
 
+from benchmarks.common import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(stderr=True)
 RUNS = ("trl_grpo", "sao", "grpo")
@@ -65,7 +67,7 @@ def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
     process_s = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"{algo} run failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     curve = [{"step": row["step"], "samples": row["step"] * args.batch_size, "reward": row["reward/mean"],
               "elapsed_s": row["time/elapsed_s"]} for row in rows]
     return {"curve": curve, "process_s": process_s}

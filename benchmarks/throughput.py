@@ -35,7 +35,7 @@ from statistics import mean
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.common import rates, train
+from benchmarks.common import rates, read_jsonl, train
 
 AREAL_RATIO = 2.77  # AReaL (arXiv 2505.24298): asynchronous over synchronous training, same GPUs
 SOURCES = ("sources=["  # the embedded default's prefer and arith sources, single turn
@@ -137,7 +137,7 @@ def per_step(out: Path) -> list[dict[str, float]]:
     """A run's timing metrics step by step, kept in the raw JSON."""
     keys = ("step", "time/elapsed_s", "time/learner_step_s", "time/learner_idle_frac", "time/engine_idle_frac",
             "staleness/mean", "rollout/errors")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(out / "metrics.jsonl")
     return [{k: row.get(k) for k in keys} for row in rows]
 
 

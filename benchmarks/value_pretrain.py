@@ -23,6 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.common import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,8 +35,7 @@ def _run(module: str, *overrides: str) -> None:
 
 
 def _ev(out: Path) -> list[float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [row["value/explained_var"] for row in rows]
+    return [row["value/explained_var"] for row in read_jsonl(out / "metrics.jsonl")]
 
 
 def main(argv: list[str] | None = None) -> int:
