@@ -180,3 +180,33 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     assert png.stat().st_size > 0 and "worst 10-step mean after best" in r.stdout
     other = run("benchmarks.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
     assert other.returncode == 2 and "seed 0 (now 1)" in other.stderr
+
+
+def test_seek_probe_counts_follows_and_the_first_moves_side():
+    from benchmarks.seek_probe import move_sides, summarise
+
+    # 15 numbers from 8: 3 is down; from 4 still down (the move goes up, to 6); from 6 down (to 5: missed)
+    assert move_sides(3, 4, ["down", "up", "down"]) == [("down", "down"), ("down", "up"), ("down", "down")]
+    assert move_sides(12, 4, ["up", "up"]) == [("up", "up")]  # found at its first move: the second is not played
+    games = [{"secret": 12, "moves": ["up"], "reward": 1.0, "exit": "submitted", "turns": 1},
+             {"secret": 3, "moves": ["up", "down", "down"], "reward": 0.0, "exit": "submitted", "turns": 3},
+             {"secret": 5, "moves": [], "reward": 0.0, "exit": "format_errors", "turns": 3}]
+    s = summarise(games, 4)
+    assert s["found"] == pytest.approx(1 / 3) and s["exits"] == {"submitted": 2, "format_errors": 1}
+    assert s["moves"][0] == {"follow": 1, "opposite": 1, "ended": 1}
+    # 3 after up (to 12): down, followed to 10; down again, followed to 9
+    assert s["moves"][1] == {"follow": 1, "opposite": 0, "ended": 2} == s["moves"][2]
+    assert s["first_up_below"] == 1.0 and s["first_up_above"] == 1.0 and s["turns_without_a_move"] == 1.0
+
+
+def test_seek_probe_plays_every_number_in_sandboxes(tmp_path, docker_client):
+    from agent.tiny_model import DEFAULT_DIR, build_tiny_model
+
+    model, out = build_tiny_model(DEFAULT_DIR), tmp_path / "probe.json"
+    r = run("benchmarks.seek_probe", str(model), "--games", "1", "--levels", "2", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (s,) = json.loads(out.read_text())["models"].values()
+    assert s["games"] == 2 and sum(s["exits"].values()) == 2  # numbers 1 and 3, one move from 2
+    assert sum(s["moves"][0].values()) == 2 and "first move up" in r.stdout
+    bad = run("benchmarks.seek_probe", str(tmp_path))
+    assert bad.returncode == 2 and "neither a model folder" in bad.stderr
