@@ -72,8 +72,12 @@ def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Pa
            f"trainer.batch_size={args.batch_size}", f"trainer.engine_lag={lag}",
            f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={checkpoint_every or args.steps}",
            *args.overrides], out, label, resume=resume)
-    rows = read_jsonl(out / "metrics.jsonl")
-    return [{k: r[k] for k in KEPT if r.get(k) is not None} for r in rows]
+    return kept_rows(out)
+
+
+def kept_rows(out: Path) -> list[dict]:
+    """The metrics a benchmark keeps (`KEPT`) of each step a run in `out` has logged."""
+    return [{k: r[k] for k in KEPT if r.get(k) is not None} for r in read_jsonl(out / "metrics.jsonl")]
 
 
 def summary(runs: list[list[dict]], batch_size: int) -> dict[str, float]:

@@ -16,7 +16,8 @@ A long run outlasts a session: with `--run-dir DIR` the runs live in DIR (one fo
 checkpoint every `--checkpoint-every` steps) and the same command goes on with each from its
 newest checkpoint, the engine's lagged weights included. Stop it with Ctrl-C or SIGTERM to
 every `training.run` (each keeps the step under way); without `--run-dir` they live in a
-temporary folder and start over.
+temporary folder and start over. The same command with `--report` writes the table, the JSON
+and the plot of the steps the runs in DIR have logged so far, and runs nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.common import read_jsonl
-from benchmarks.learning import ALGOS, run_case
+from benchmarks.learning import ALGOS, kept_rows, run_case
 
 SERIES = {  # panel title: (metric, its label)
     "reward (mean of 10 steps)": "reward/mean",
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", type=Path, help="keep the runs here; the same command goes on with them")
     p.add_argument("--checkpoint-every", type=int, default=25, help="with --run-dir: steps between checkpoints")
     p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
+    p.add_argument("--report", action="store_true",
+                   help="with --run-dir: the table, JSON and plot of the steps its runs have logged so far; runs nothing")
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every run")
     args = p.parse_args(argv)
     if args.quick:
@@ -137,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
     if args.checkpoint_every < 1 or args.progress_every <= 0:
         p.error("--checkpoint-every must be at least 1 and --progress-every above 0")
+    if args.report and (args.run_dir is None or not (args.run_dir / "long_run.json").exists()):
+        p.error(f"--report reads the runs in --run-dir: {args.run_dir} holds none" if args.run_dir
+                else "--report reads the runs in --run-dir: give it")
     runs: dict[str, list[dict]] = {}
     errors: list[BaseException] = []
 
@@ -147,6 +153,17 @@ def main(argv: list[str] | None = None) -> int:
                                                                           "overrides")})
         except ValueError as e:
             p.error(str(e))
+
+    if args.report:
+        folders = {name: args.run_dir / f"{name}-lag{args.staleness}-s{args.seed}" for name in args.algos}
+        missing = [str(f) for f in folders.values() if not (f / "metrics.jsonl").exists()]
+        if missing:
+            p.error(f"--report: no steps logged in {', '.join(missing)}")
+        try:
+            runs = {name: derived(kept_rows(folder), args.batch_size) for name, folder in folders.items()}
+        except json.JSONDecodeError:  # a run going on beside this wrote half a line
+            p.error("--report: a metrics line was being written: run it again")
+        return report(runs, args)
 
     def one(name: str, where: Path) -> None:
         try:
@@ -172,7 +189,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(progress(folders, args.steps), file=sys.stderr, flush=True)
     if errors:
         raise SystemExit(str(errors[0]))
-    table = Table(title=f"{args.experiment}, staleness {args.staleness}: {args.steps} steps x {args.batch_size} rollouts")
+    return report(runs, args)
+
+
+def report(runs: dict[str, list[dict]], args) -> int:
+    """The table, `--output` JSON and `--plot` of `runs` (each run's rows, up to the step it reached)."""
+    reached = {name: rows[-1]["step"] if rows else 0 for name, rows in runs.items()}
+    so_far = "" if all(step >= args.steps for step in reached.values()) else \
+        " (so far: " + ", ".join(f"{name} at step {step}" for name, step in reached.items()) + ")"
+    table = Table(title=f"{args.experiment}, staleness {args.staleness}: {args.steps} steps x {args.batch_size} rollouts"
+                  + so_far)
     for col in ("algo", "reward, first 10%", "reward, best 10-step mean", "reward, last 10%", "worst 10-step mean after best",
                 "masked/clipped, last 10%", "policy grad norm, max"):
         table.add_column(col, justify="left" if col == "algo" else "right")
@@ -180,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows in runs.items():
         k = max(1, len(rows) // 10)
         reward = smooth([r["reward/mean"] for r in rows])
-        best = max(range(len(reward)), key=reward.__getitem__)
+        # full 10-step windows only (the first 9 steps' means are over fewer steps)
+        best = max(range(min(9, len(reward) - 1), len(reward)), key=reward.__getitem__)
         norms = [r["policy/grad_norm"] for r in rows if r.get("policy/grad_norm") is not None]
         masked = [r["masked"] for r in rows[-k:] if r.get("masked") is not None]
         summary[name] = {"first": statistics.mean(r["reward/mean"] for r in rows[:k]), "best": reward[best],
@@ -193,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{s['worst_after_best']:.3f}", "-" if s["masked_last"] is None else f"{s['masked_last']:.3f}",
                       "-" if s["grad_norm_max"] is None else f"{s['grad_norm_max']:.3g}")
     Console(width=160).print(table)
-    result = {"experiment": args.experiment, "steps": args.steps, "staleness": args.staleness,
+    result = {"experiment": args.experiment, "steps": args.steps, "reached": reached, "staleness": args.staleness,
               "batch_size": args.batch_size, "seed": args.seed, "summary": summary, "runs": runs}
     if args.output:
         args.output.write_text(json.dumps(result))

@@ -180,6 +180,16 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     assert png.stat().st_size > 0 and "worst 10-step mean after best" in r.stdout
     other = run("benchmarks.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
     assert other.returncode == 2 and "seed 0 (now 1)" in other.stderr
+    # where the runs stand, without running: steps 1 to 4 of the 10 asked
+    so_far = run("benchmarks.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(runs), "--report",
+                 "--output", str(out), *QUICK)
+    assert so_far.returncode == 0, so_far.stderr[-3000:]
+    assert "so far: sao at step 4, grpo at step 4" in so_far.stdout
+    reported = json.loads(out.read_text())
+    assert reported["reached"] == {"sao": 4, "grpo": 4} and reported["runs"] == result["runs"]
+    assert not (runs / "sao-lag2-s0" / "checkpoints" / "step_5").exists()
+    nowhere = run("benchmarks.long_run", "--report", "--run-dir", str(tmp_path / "none"))
+    assert nowhere.returncode == 2 and "holds none" in nowhere.stderr
 
 
 def test_seek_probe_counts_follows_and_the_first_moves_side():
