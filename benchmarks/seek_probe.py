@@ -10,7 +10,8 @@ often the move went the way the latest reply said (follow), the other way (oppos
 game ended before it (a win or the format-error limit). It also gives how often the first move
 is `up` for numbers below and above the start: a policy that learned the rule moves up only
 above it, a policy that learned a bias moves up on both sides. A reward curve says how much a
-run wins; this says which behaviour it learned (BENCHMARKS.md, the long run).
+run wins; this says which behaviour it learned (BENCHMARKS.md, the long run). A game lost to a
+sandbox error is left out of the counts and said, and the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def play(model: Path, games: int, levels: int, seed: int, jobs: int) -> list[dic
         traj = rollout_and_grade(agent, task, env, pool, seed=seed + i)
         report = traj.info.get("grade", {}).get("report", {})
         return {"secret": task.extra["secret"], "moves": list(report.get("moves", [])), "reward": traj.reward or 0.0,
-                "exit": traj.exit_reason, "turns": traj.turns}
+                "exit": traj.exit_reason, "turns": traj.turns, "error": traj.info.get("error")}
 
     with ThreadPoolExecutor(jobs) as threads:
         return list(threads.map(one, enumerate(tasks)))
@@ -126,14 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         models = [model_dir(m) for m in args.models]
     except ValueError as e:
         p.error(str(e))
-    results = {}
+    results, failed = {}, False
     table = Table(title=f"seek, {args.games} game(s) per number, levels {args.levels}")
     for col in ["model", "found", *[f"move {k + 1} follow / opposite / ended" for k in range(args.levels - 1)],
                 "first move up: below / above", "turns without a move, a game"]:
         table.add_column(col, justify="left" if col == "model" else "right", overflow="fold")
     for name, model in zip(args.models, models):
         print(f"{name}: playing", file=sys.stderr, flush=True)
-        s = summarise(play(model, args.games, args.levels, args.seed, args.jobs), args.levels)
+        games = play(model, args.games, args.levels, args.seed, args.jobs)
+        lost = [g for g in games if g["exit"] == "sandbox_error"]  # no move of the policy's: left out
+        if lost:
+            failed = True
+            print(f"{name}: {len(lost)} of {len(games)} game(s) lost to a sandbox error, left out: {lost[0]['error']}",
+                  file=sys.stderr)
+        s = summarise([g for g in games if g["exit"] != "sandbox_error"], args.levels)
         results[str(name)] = s
         share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         table.add_row(str(name), f"{s['found']:.2f}",
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         args.output.write_text(json.dumps({"games": args.games, "levels": args.levels, "seed": args.seed,
                                            "models": results}, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
