@@ -7,11 +7,12 @@ hidden number `--games` times, with the seek experiment's agent settings (conf/c
 `agent` under conf/experiment/seek.yaml's source) and sampling, in real sandboxes, graded by
 the env: the rollouts training samples. Per model it prints the share found and, per move, how
 often the move went the way the latest reply said (follow), the other way (opposite), or the
-game ended before it (a win or the format-error limit). It also gives how often the first move
-is `up` for numbers below and above the start: a policy that learned the rule moves up only
-above it, a policy that learned a bias moves up on both sides. A reward curve says how much a
-run wins; this says which behaviour it learned (BENCHMARKS.md, the long run). A game lost to a
-sandbox error is left out of the counts and said, and the exit status is then 1.
+game ended before it (a win or the format-error limit), and the share of each move's plays
+that went up. It also gives how often the first move is `up` for numbers below and above the
+start: a policy that learned the rule moves up only above it, a policy that learned a bias
+moves up on both sides. A reward curve says how much a run wins; this says which behaviour it
+learned (BENCHMARKS.md, the long run). A game lost to a sandbox error is left out of the
+counts and said, and the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ def move_sides(secret: int, levels: int, moves: list[str]) -> list[tuple[str, st
 
 
 def summarise(games: list[dict], levels: int) -> dict:
-    """Per-move follow / opposite counts, the share found, first-move `up` shares below and above
+    """Per-move follow / opposite / ended / up counts, the share found, first-move `up` shares below and above
     the start, turns without a move a game (a format error, or a direction other than up or down)
     and the exit reasons, from each game's secret, moves, reward, exit reason and turns."""
     start = 1 << (levels - 1)
-    moves = [{"follow": 0, "opposite": 0, "ended": 0} for _ in range(levels - 1)]
+    moves = [{"follow": 0, "opposite": 0, "ended": 0, "up": 0} for _ in range(levels - 1)]
     first_up = {"below": [0, 0], "above": [0, 0]}
     for g in games:
         sides = move_sides(g["secret"], levels, g["moves"])
@@ -69,6 +70,7 @@ def summarise(games: list[dict], levels: int) -> dict:
                 continue
             said, move = sides[k]
             moves[k]["follow" if move == said else "opposite"] += 1
+            moves[k]["up"] += move == "up"
         if sides:
             side = first_up["below" if g["secret"] < start else "above"]
             side[0] += sides[0][1] == "up"
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     results, failed = {}, False
     table = Table(title=f"seek, {args.games} game(s) per number, levels {args.levels}")
     for col in ["model", "found", *[f"move {k + 1} follow / opposite / ended" for k in range(args.levels - 1)],
-                "first move up: below / above", "turns without a move, a game"]:
+                "up, each move", "first move up: below / above", "turns without a move, a game"]:
         table.add_column(col, justify="left" if col == "model" else "right", overflow="fold")
     for name, model in zip(args.models, models):
         print(f"{name}: playing", file=sys.stderr, flush=True)
@@ -145,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         table.add_row(str(name), f"{s['found']:.2f}",
                       *[f"{m['follow']} / {m['opposite']} / {m['ended']}" for m in s["moves"]],
+                      " / ".join(share(m["up"] / played if (played := m["follow"] + m["opposite"]) else None)
+                                 for m in s["moves"]),
                       f"{share(s['first_up_below'])} / {share(s['first_up_above'])}", f"{s['turns_without_a_move']:.2f}")
     Console(width=160).print(table)
     if args.output:

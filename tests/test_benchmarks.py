@@ -203,9 +203,9 @@ def test_seek_probe_counts_follows_and_the_first_moves_side():
              {"secret": 5, "moves": [], "reward": 0.0, "exit": "format_errors", "turns": 3}]
     s = summarise(games, 4)
     assert s["found"] == pytest.approx(1 / 3) and s["exits"] == {"submitted": 2, "format_errors": 1}
-    assert s["moves"][0] == {"follow": 1, "opposite": 1, "ended": 1}
+    assert s["moves"][0] == {"follow": 1, "opposite": 1, "ended": 1, "up": 2}
     # 3 after up (to 12): down, followed to 10; down again, followed to 9
-    assert s["moves"][1] == {"follow": 1, "opposite": 0, "ended": 2} == s["moves"][2]
+    assert s["moves"][1] == {"follow": 1, "opposite": 0, "ended": 2, "up": 0} == s["moves"][2]
     assert s["first_up_below"] == 1.0 and s["first_up_above"] == 1.0 and s["turns_without_a_move"] == 1.0
 
 
