@@ -156,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.report:
         folders = {name: args.run_dir / f"{name}-lag{args.staleness}-s{args.seed}" for name in args.algos}
-        missing = [str(f) for f in folders.values() if not (f / "metrics.jsonl").exists()]
-        if missing:
-            p.error(f"--report: no steps logged in {', '.join(missing)}")
         try:
-            runs = {name: derived(kept_rows(folder), args.batch_size) for name, folder in folders.items()}
+            runs = {name: derived(kept_rows(folder), args.batch_size) if (folder / "metrics.jsonl").exists() else []
+                    for name, folder in folders.items()}
         except json.JSONDecodeError:  # a run going on beside this wrote half a line
             p.error("--report: a metrics line was being written: run it again")
+        missing = [str(folders[name]) for name, rows in runs.items() if not rows]
+        if missing:
+            p.error(f"--report: no steps logged in {', '.join(missing)}")
         return report(runs, args)
 
     def one(name: str, where: Path) -> None:
