@@ -66,13 +66,18 @@ def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Pa
              checkpoint_every: int | None = None) -> list[dict]:
     """One run's kept rows, from `tmp/<name>-lag<lag>-s<seed>`: a checkpoint at the end only,
     or every `checkpoint_every` steps; with `resume`, a run already there goes on from its newest."""
-    label = f"{name}-lag{lag}-s{seed}"
+    label = run_label(name, lag, seed)
     out = tmp / label
     train([f"+experiment={args.experiment}", *overrides, f"seed={seed}", f"trainer.max_steps={args.steps}",
            f"trainer.batch_size={args.batch_size}", f"trainer.engine_lag={lag}",
            f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={checkpoint_every or args.steps}",
            *args.overrides], out, label, resume=resume)
     return kept_rows(out)
+
+
+def run_label(name: str, lag: int, seed: int) -> str:
+    """A run's folder name (and its run id's stem): case, staleness and seed."""
+    return f"{name}-lag{lag}-s{seed}"
 
 
 def kept_rows(out: Path) -> list[dict]:

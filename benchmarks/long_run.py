@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.common import read_jsonl
-from benchmarks.learning import ALGOS, kept_rows, run_case
+from benchmarks.learning import ALGOS, kept_rows, run_case, run_label
 
 SERIES = {  # panel title: (metric, its label)
     "reward (mean of 10 steps)": "reward/mean",
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
 
     if args.report:
-        folders = {name: args.run_dir / f"{name}-lag{args.staleness}-s{args.seed}" for name in args.algos}
+        folders = {name: args.run_dir / run_label(name, args.staleness, args.seed) for name in args.algos}
         try:
             runs = {name: derived(kept_rows(folder), args.batch_size) if (folder / "metrics.jsonl").exists() else []
                     for name, folder in folders.items()}
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = [threading.Thread(target=one, args=(name, where)) for name in args.algos]
         for t in threads:
             t.start()
-        folders = {name: where / f"{name}-lag{args.staleness}-s{args.seed}" for name in args.algos}
+        folders = {name: where / run_label(name, args.staleness, args.seed) for name in args.algos}
         while any(t.is_alive() for t in threads):
             deadline = time.monotonic() + args.progress_every
             for t in threads:

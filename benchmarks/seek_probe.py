@@ -32,9 +32,6 @@ from rich.table import Table
 from envs.base import Task
 from envs.seek import replay
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def model_dir(path: Path) -> Path:
     """An HF model folder: `path`, or a checkpoint's `policy/`; a ValueError otherwise."""
     for candidate in (path, path / "policy"):
