@@ -117,6 +117,8 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["engine.kind=tgi"], "engine.kind = 'tgi'"),
     (["+sources.0.env_options={switch_evry: 5}"], "sources[0] (prefer).env_options.switch_evry = 5: not an option"),
     (["trainer.max_failed_in_a_row=0"], "trainer.max_failed_in_a_row = 0"),
+    (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints = 0"),
+    (["trainer.keep_every=-10"], "trainer.keep_every = -10"),
     (["agent.temperature=0"], "agent.temperature = 0"),
     (["agent.top_p=0.9"], "agent.top_p = 0.9: must be 1 for training"),
     (["+sources.1.agent.temperature=0.7"], "sources[1].agent.temperature = 0.7: must equal agent.temperature (1.0)"),

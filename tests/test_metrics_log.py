@@ -1,12 +1,31 @@
 """metrics.jsonl and TensorBoard after a resume: what a killed run logged past its checkpoint
-is dropped from both, so each step appears once."""
+is dropped from both, so each step appears once; and which checkpoints a run keeps."""
 
 import json
 import time
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.checkpoint import MetricsLog
+from training.checkpoint import Checkpoints, MetricsLog
+
+
+class _Learner:  # what Checkpoints.save asks of a learner: write its state into a folder
+    def save(self, folder):
+        folder.mkdir(parents=True)
+        (folder / "learner.pt").write_text("state")
+
+
+def test_checkpoints_keep_the_newest_and_every_nth(tmp_path):
+    checkpoints = Checkpoints(tmp_path, keep=2, keep_every=20)
+    for step in range(10, 80, 10):
+        checkpoints.save(step, _Learner(), {"step": step})
+    assert [Checkpoints.step_of(p) for p in checkpoints.all()] == [20, 40, 60, 70]
+    assert checkpoints.latest().name == "step_70"
+    assert not list(checkpoints.root.glob(".tmp_*"))
+    newest = Checkpoints(tmp_path / "other", keep=2)  # keep_every 0: the newest only
+    for step in (1, 2, 3):
+        newest.save(step, _Learner(), {"step": step})
+    assert [p.name for p in newest.all()] == ["step_2", "step_3"]
 
 
 def test_a_resumed_log_drops_the_steps_past_the_checkpoint(tmp_path):

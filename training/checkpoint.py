@@ -22,9 +22,13 @@ LAG_FILE = "engine_lag.pt"
 
 
 class Checkpoints:
-    def __init__(self, output_dir: str | Path, keep: int = 3):
+    """The newest `keep` checkpoints, and with `keep_every` = n > 0 also every one whose step is a
+    multiple of n (a long run's policy over time, for probes and evals after it)."""
+
+    def __init__(self, output_dir: str | Path, keep: int = 3, keep_every: int = 0):
         self.root = Path(output_dir) / "checkpoints"
         self.keep = keep
+        self.keep_every = keep_every
 
     def save(self, step: int, learner, run_state: dict[str, Any], lagged: list | None = None) -> Path:
         final = self.root / f"step_{step}"
@@ -39,14 +43,19 @@ class Checkpoints:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in self.all()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if not (self.keep_every and self.step_of(old) % self.keep_every == 0):
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
     def all(self) -> list[Path]:
         if not self.root.is_dir():
             return []
         done = [p for p in self.root.glob("step_*") if (p / "run_state.json").exists()]
-        return sorted(done, key=lambda p: int(p.name.split("_")[1]))
+        return sorted(done, key=self.step_of)
+
+    @staticmethod
+    def step_of(path: Path) -> int:
+        return int(path.name.split("_")[1])
 
     def latest(self) -> Path | None:
         found = self.all()

@@ -103,8 +103,8 @@ def check(cfg: DictConfig) -> None:
     if t.stale_policy not in ("drop", "keep"):
         _fail("trainer.stale_policy", t.stale_policy, "must be 'drop' or 'keep'")
     _at_least(t, "trainer", ("batch_size", "group_size", "sync_every", "num_workers", "max_steps",
-                             "checkpoint_every", "max_failed_in_a_row"), 1)
-    _at_least(t, "trainer", ("max_staleness", "engine_lag"), 0)
+                             "checkpoint_every", "keep_checkpoints", "max_failed_in_a_row"), 1)
+    _at_least(t, "trainer", ("max_staleness", "engine_lag", "keep_every"), 0)
     if t.get("engine_lag", 0) > t.max_staleness and t.stale_policy == "drop":
         _fail("trainer.engine_lag", t.engine_lag, f"is above trainer.max_staleness ({t.max_staleness}): every rollout "
               "would be dropped as stale (raise max_staleness, or stale_policy=keep)")

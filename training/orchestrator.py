@@ -102,6 +102,8 @@ class RunConfig:
     num_workers: int = 2
     max_steps: int = 30
     checkpoint_every: int = 10
+    keep_checkpoints: int = 3  # the newest this many checkpoints are kept
+    keep_every: int = 0  # and every checkpoint whose step is a multiple of this (0: none more)
     max_staleness: int = 4
     stale_policy: str = "drop"
     engine_lag: int = 0  # the engine samples with the policy of this many versions ago

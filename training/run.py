@@ -232,7 +232,7 @@ def run(cfg: DictConfig, out: Path, model_path: str, learner, engine=None, rollo
                        max_live=2 * cfg.trainer.num_workers + 1,  # a rollout's own sandbox and its grading one
                        warm=cfg.sandbox.get("warm_pool", 0))
     run_cfg = RunConfig(**cfg.trainer)
-    checkpoints = Checkpoints(out)
+    checkpoints = Checkpoints(out, run_cfg.keep_checkpoints, run_cfg.keep_every)
     orch = Orchestrator(run_cfg, sampler, pool, engine, learner, on_step=lambda *a: None, rollout=rollout)
     latest = checkpoints.latest() if cfg.resume else None
     if latest is not None:
