@@ -63,15 +63,16 @@ KEPT = ("step", "reward/mean", "time/elapsed_s", "staleness/mean", "sao/kept_fra
 
 
 def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Path, resume: bool = False,
-             checkpoint_every: int | None = None) -> list[dict]:
+             checkpoint_every: int | None = None, keep_every: int = 0) -> list[dict]:
     """One run's kept rows, from `tmp/<name>-lag<lag>-s<seed>`: a checkpoint at the end only,
-    or every `checkpoint_every` steps; with `resume`, a run already there goes on from its newest."""
+    or every `checkpoint_every` steps (kept: the newest 3 and every `keep_every`th step's); with
+    `resume`, a run already there goes on from its newest."""
     label = run_label(name, lag, seed)
     out = tmp / label
     train([f"+experiment={args.experiment}", *overrides, f"seed={seed}", f"trainer.max_steps={args.steps}",
            f"trainer.batch_size={args.batch_size}", f"trainer.engine_lag={lag}",
            f"trainer.max_staleness={max(lag, 4)}", f"trainer.checkpoint_every={checkpoint_every or args.steps}",
-           *args.overrides], out, label, resume=resume)
+           f"trainer.keep_every={keep_every}", *args.overrides], out, label, resume=resume)
     return kept_rows(out)
 
 

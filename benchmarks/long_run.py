@@ -3,7 +3,7 @@ learner steps (the paper: GRPO collapses near step 160, SAO trains stably for 1,
 
     python -m benchmarks.long_run [--steps 1000] [--staleness 4] [--algos sao grpo]
         [--experiment seek] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
-        [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25]] [overrides ...]
+        [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25] [--keep-every 50]] [overrides ...]
 
 The runs go at the same time (each its own `python -m training.run`, so they share the
 machine alike) with `trainer.engine_lag` set, so every rollout is sampled by the policy of that
@@ -14,7 +14,9 @@ While they run, each run's step and recent reward are printed every `--progress-
 
 A long run outlasts a session: with `--run-dir DIR` the runs live in DIR (one folder each, a
 checkpoint every `--checkpoint-every` steps) and the same command goes on with each from its
-newest checkpoint, the engine's lagged weights included. Stop it with Ctrl-C or SIGTERM to
+newest checkpoint, the engine's lagged weights included; every `--keep-every`th step's
+checkpoint stays (`trainer.keep_every`), for `benchmarks.seek_probe` or an eval of the policy
+over the run. Stop it with Ctrl-C or SIGTERM to
 every `training.run` (each keeps the step under way); without `--run-dir` they live in a
 temporary folder and start over. The same command with `--report` writes the table, the JSON
 and the plot of the steps the runs in DIR have logged so far, and runs nothing.
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path)
     p.add_argument("--run-dir", type=Path, help="keep the runs here; the same command goes on with them")
     p.add_argument("--checkpoint-every", type=int, default=25, help="with --run-dir: steps between checkpoints")
+    p.add_argument("--keep-every", type=int, default=50,
+                   help="with --run-dir: every this many steps' checkpoint is kept beside the newest 3 (0: none)")
     p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     p.add_argument("--report", action="store_true",
                    help="with --run-dir: the table, JSON and plot of the steps its runs have logged so far; runs nothing")
@@ -138,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (4 if args.quick else 1000)
     if args.steps < 2 or args.staleness < 0 or args.batch_size % 8:
         p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
-    if args.checkpoint_every < 1 or args.progress_every <= 0:
-        p.error("--checkpoint-every must be at least 1 and --progress-every above 0")
+    if args.checkpoint_every < 1 or args.keep_every < 0 or args.progress_every <= 0:
+        p.error("--checkpoint-every must be at least 1, --keep-every 0 or more and --progress-every above 0")
     if args.report and (args.run_dir is None or not (args.run_dir / "long_run.json").exists()):
         p.error(f"--report reads the runs in --run-dir: {args.run_dir} holds none" if args.run_dir
                 else "--report reads the runs in --run-dir: give it")
@@ -169,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     def one(name: str, where: Path) -> None:
         try:
             rows = run_case(name, ALGOS[name], args.staleness, args.seed, args, where, resume=kept,
-                            checkpoint_every=args.checkpoint_every if kept else None)
+                            checkpoint_every=args.checkpoint_every if kept else None,
+                            keep_every=args.keep_every if kept else 0)
             runs[name] = derived(rows, args.batch_size)
         except BaseException as e:  # SystemExit from a failed run, said below
             errors.append(e)

@@ -158,16 +158,17 @@ def test_learning_resume_keeps_earlier_runs_and_refuses_other_settings(tmp_path,
 
 def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them(tmp_path, docker_client):
     """Two steps, then the same command with --steps 4 goes on from each run's checkpoint in
-    --run-dir (steps 1 and 2 are not run again); other settings in that folder are refused."""
+    --run-dir (steps 1 and 2 are not run again); other settings in that folder are refused.
+    A checkpoint every step: with --keep-every 1 the oldest stays beside the newest 3."""
     out, png, runs = tmp_path / "long.json", tmp_path / "long.png", tmp_path / "runs"
     import torch
 
     first = run("benchmarks.long_run", "--quick", "--steps", "2", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
-                *QUICK)
+                "--checkpoint-every", "1", *QUICK)
     assert first.returncode == 0, first.stderr[-3000:]
     before = json.loads(out.read_text())["runs"]
     r = run("benchmarks.long_run", "--quick", "--steps", "4", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
-            "--plot", str(png), *QUICK)
+            "--plot", str(png), "--checkpoint-every", "1", "--keep-every", "1", *QUICK)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {"sao", "grpo"}
@@ -176,6 +177,8 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
         # the engine's lagged weights came back: version 2 (of 4) was sampling, 3 and 4 queued
         lagged = torch.load(runs / f"{name}-lag2-s0" / "checkpoints" / "step_4" / "engine_lag.pt", weights_only=True)
         assert [version for _, version in lagged] == [2, 3, 4]
+        kept = sorted(p.name for p in (runs / f"{name}-lag2-s0" / "checkpoints").glob("step_*"))
+        assert kept == ["step_1", "step_2", "step_3", "step_4"]
     assert all(row["length"] > 0 for rows in result["runs"].values() for row in rows)
     assert png.stat().st_size > 0 and "worst 10-step mean after best" in r.stdout
     other = run("benchmarks.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
