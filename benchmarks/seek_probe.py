@@ -1,6 +1,6 @@
 """What a policy does in the seek env, move by move: how often it follows the reply's word.
 
-    python -m benchmarks.seek_probe MODEL [MODEL ...] [--games 4] [--levels 4] [--output FILE]
+    python -m benchmarks.seek_probe MODEL [MODEL ...] [--games 4] [--levels 4] [--show N] [--output FILE]
 
 Each MODEL (an HF model folder, or a training checkpoint folder holding `policy/`) plays every
 hidden number `--games` times, with the seek experiment's agent settings (conf/config.yaml's
@@ -12,7 +12,8 @@ that went up. It also gives how often the first move is `up` for numbers below a
 start: a policy that learned the rule moves up only above it, a policy that learned a bias
 moves up on both sides. A reward curve says how much a run wins; this says which behaviour it
 learned (BENCHMARKS.md, the long run). A game lost to a sandbox error is left out of the
-counts and said, and the exit status is then 1.
+counts and said, and the exit status is then 1. `--show N` prints what the policy wrote in
+N of each model's games, turn by turn (a format error's text, say).
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def play(model: Path, games: int, levels: int, seed: int, jobs: int) -> list[dic
         traj = rollout_and_grade(agent, task, env, pool, seed=seed + i)
         report = traj.info.get("grade", {}).get("report", {})
         return {"secret": task.extra["secret"], "moves": list(report.get("moves", [])), "reward": traj.reward or 0.0,
-                "exit": traj.exit_reason, "turns": traj.turns, "error": traj.info.get("error")}
+                "exit": traj.exit_reason, "turns": traj.turns, "error": traj.info.get("error"),
+                "said": [m.get("raw", m.get("content", "")) for m in traj.messages if m["role"] == "assistant"]}
 
     with ThreadPoolExecutor(jobs) as threads:
         return list(threads.map(one, enumerate(tasks)))
@@ -118,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levels", type=int, default=4, help="the env's levels: numbers 1 to 2^levels - 1 (4: 15)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=4, help="games at once")
+    p.add_argument("--show", type=int, default=0, help="print what the policy wrote in this many games a model")
     p.add_argument("--output", type=Path, help="write the counts as JSON")
     args = p.parse_args(argv)
-    if args.games < 1 or args.levels < 2 or args.jobs < 1:
-        p.error("--games and --jobs must be at least 1, --levels at least 2")
+    if args.games < 1 or args.levels < 2 or args.jobs < 1 or args.show < 0:
+        p.error("--games and --jobs must be at least 1, --levels at least 2, --show 0 or more")
     try:
         models = [model_dir(m) for m in args.models]
     except ValueError as e:
@@ -139,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             print(f"{name}: {len(lost)} of {len(games)} game(s) lost to a sandbox error, left out: {lost[0]['error']}",
                   file=sys.stderr)
+        for g in games[: args.show]:  # the games of a few numbers, in order
+            print(f"{name}: number {g['secret']}, {g['exit']}, reward {g['reward']:g}")
+            for turn, text in enumerate(g["said"], 1):
+                print(f"  turn {turn}: {text!r}")
         s = summarise([g for g in games if g["exit"] != "sandbox_error"], args.levels)
         results[str(name)] = s
         share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731

@@ -216,10 +216,12 @@ def test_seek_probe_plays_every_number_in_sandboxes(tmp_path, docker_client):
     from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 
     model, out = build_tiny_model(DEFAULT_DIR), tmp_path / "probe.json"
-    r = run("benchmarks.seek_probe", str(model), "--games", "1", "--levels", "2", "--output", str(out))
+    r = run("benchmarks.seek_probe", str(model), "--games", "1", "--levels", "2", "--show", "1", "--output", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     (s,) = json.loads(out.read_text())["models"].values()
     assert s["games"] == 2 and sum(s["exits"].values()) == 2  # numbers 1 and 3, one move from 2
     assert sum(s["moves"][0].values()) == 2 and "first move up" in r.stdout
+    shown = r.stdout.split("first move up")[0]  # --show 1: the first game's turns, before the table
+    assert ": number 1, " in shown and "  turn 1: " in shown and ": number 3, " not in shown
     bad = run("benchmarks.seek_probe", str(tmp_path))
     assert bad.returncode == 2 and "neither a model folder" in bad.stderr
