@@ -3,7 +3,7 @@ samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled s
 (`trainer.engine_lag`), over seeds; and the paper's Table 4 ablations in miniature.
 
     python -m benchmarks.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
-        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean [running_mean_global]]
+        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean [running_mean_global grpo_one_update]]
         [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
         [--experiment seek] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
 
@@ -40,11 +40,15 @@ from benchmarks.common import read_jsonl, train
 # case -> overrides (on top of the experiment). running_mean: SAO's loss with A = r - the mean
 # of the prompt's 8 most recent rewards instead of a critic (the paper's ablation); with one
 # rollout per prompt that window is mostly empty (A = r). running_mean_global: the mean of the
-# 128 most recent rewards of all prompts (the paper's online experiment); asked by name only
+# 128 most recent rewards of all prompts (the paper's online experiment); asked by name only.
+# grpo_one_update: vanilla GRPO with one optimizer step a batch, as GRPO + DIS and SAO take (its
+# ratio against pi_old is then 1 and the clip never binds): what GRPO's 4 steps a batch cost,
+# apart from its loss; asked by name only
 ALGOS = {
     "sao": ["algo=sao"],
     "grpo": ["algo=grpo"],
     "grpo_dis": ["algo=grpo_dis"],
+    "grpo_one_update": ["algo=grpo", "algo.policy_minibatches=1"],
     "running_mean": ["algo=sao", "algo.baseline=running_mean"],
     "running_mean_global": ["algo=sao", "algo.baseline=running_mean", "algo.baseline_scope=global",
                             "algo.baseline_window=128"],
