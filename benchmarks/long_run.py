@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path)
     p.add_argument("--run-dir", type=Path, help="keep the runs here; the same command goes on with them")
     p.add_argument("--checkpoint-every", type=int, default=25, help="with --run-dir: steps between checkpoints")
-    p.add_argument("--keep-every", type=int, default=50,
-                   help="with --run-dir: every this many steps' checkpoint is kept beside the newest 3 (0: none)")
+    p.add_argument("--keep-every", type=int,
+                   help="with --run-dir: every this many steps' checkpoint is kept beside the newest 3, a multiple of "
+                        "--checkpoint-every (default: every other checkpoint, 50 at the default 25; 0: none)")
     p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     p.add_argument("--report", action="store_true",
                    help="with --run-dir: the table, JSON and plot of the steps its runs have logged so far; runs nothing")
@@ -142,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (4 if args.quick else 1000)
     if args.steps < 2 or args.staleness < 0 or args.batch_size % 8:
         p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
+    if args.keep_every is None:
+        args.keep_every = 2 * args.checkpoint_every
     if args.checkpoint_every < 1 or args.keep_every < 0 or args.progress_every <= 0:
         p.error("--checkpoint-every must be at least 1, --keep-every 0 or more and --progress-every above 0")
+    if args.keep_every % args.checkpoint_every:
+        p.error(f"--keep-every {args.keep_every} must be a multiple of --checkpoint-every ({args.checkpoint_every}): "
+                "checkpoints are written only at those steps")
     if args.report and (args.run_dir is None or not (args.run_dir / "long_run.json").exists()):
         p.error(f"--report reads the runs in --run-dir: {args.run_dir} holds none" if args.run_dir
                 else "--report reads the runs in --run-dir: give it")

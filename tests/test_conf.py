@@ -119,6 +119,7 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["trainer.max_failed_in_a_row=0"], "trainer.max_failed_in_a_row = 0"),
     (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints = 0"),
     (["trainer.keep_every=-10"], "trainer.keep_every = -10"),
+    (["trainer.keep_every=25"], "trainer.keep_every = 25: must be a multiple of trainer.checkpoint_every (10)"),
     (["agent.temperature=0"], "agent.temperature = 0"),
     (["agent.top_p=0.9"], "agent.top_p = 0.9: must be 1 for training"),
     (["+sources.1.agent.temperature=0.7"], "sources[1].agent.temperature = 0.7: must equal agent.temperature (1.0)"),

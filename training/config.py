@@ -105,6 +105,9 @@ def check(cfg: DictConfig) -> None:
     _at_least(t, "trainer", ("batch_size", "group_size", "sync_every", "num_workers", "max_steps",
                              "checkpoint_every", "keep_checkpoints", "max_failed_in_a_row"), 1)
     _at_least(t, "trainer", ("max_staleness", "engine_lag", "keep_every"), 0)
+    if t.get("keep_every") and t.keep_every % t.checkpoint_every:
+        _fail("trainer.keep_every", t.keep_every, f"must be a multiple of trainer.checkpoint_every ({t.checkpoint_every}): "
+              "checkpoints are written only at those steps")
     if t.get("engine_lag", 0) > t.max_staleness and t.stale_policy == "drop":
         _fail("trainer.engine_lag", t.engine_lag, f"is above trainer.max_staleness ({t.max_staleness}): every rollout "
               "would be dropped as stale (raise max_staleness, or stale_policy=keep)")
