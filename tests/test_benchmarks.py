@@ -225,3 +225,46 @@ def test_seek_probe_plays_every_number_in_sandboxes(tmp_path, docker_client):
     assert ": number 1, " in shown and "  turn 1: " in shown and ": number 3, " not in shown
     bad = run("benchmarks.seek_probe", str(tmp_path))
     assert bad.returncode == 2 and "neither a model folder" in bad.stderr
+
+
+def test_weight_drift_measures_the_distance_moved_and_adams_own_step(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from benchmarks.weight_drift import drift, main
+
+    def policy(folder: Path, value: float) -> None:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        save_file({"w": torch.full((4,), value), "b": torch.zeros(2)}, str(folder / "model.safetensors"))
+
+    run_dir = tmp_path / "run"
+    policy(tmp_path / "base", 0.0)
+    policy(run_dir / "checkpoints" / "step_2" / "policy", 1.0)  # 2.0 from the base: 1.0 a step
+    policy(run_dir / "checkpoints" / "step_6" / "policy", 2.0)  # 2.0 more, over 4 steps
+    p = torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.AdamW([p], lr=0.1, weight_decay=0.0)
+    p.grad = torch.tensor([1.0, -2.0, 3.0, -4.0])
+    opt.step()  # after one step m_hat = g and v_hat = g^2: its own next step is lr * sign(g), norm 0.1 * 2
+    torch.save({"policy_opt": opt.state_dict()}, run_dir / "checkpoints" / "step_6" / "learner.pt")
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "policy/grad_norm": 0.5 if s <= 2 else 2.0}) + "\n" for s in range(1, 7)))
+
+    out = drift([run_dir / "checkpoints" / "step_6", run_dir / "checkpoints" / "step_2"], base=tmp_path / "base")
+    first, second = out["intervals"]
+    assert (first["from"], first["to"], second["from"], second["to"]) == (0, 2, 2, 6)
+    assert first["moved_per_step"] == pytest.approx(1.0) and first["moved_per_grad_norm"] == pytest.approx(2.0)
+    assert second["moved"] == pytest.approx(2.0) and second["moved_per_grad_norm"] == pytest.approx(0.25)
+    assert [r["from_start"] for r in out["checkpoints"]] == pytest.approx([0.0, 2.0, 4.0])
+    assert out["checkpoints"][2]["adam_step_norm"] == pytest.approx(0.2, rel=1e-4)
+    assert out["checkpoints"][2]["m_hat_norm"] == pytest.approx(30 ** 0.5)
+    assert "adam_step_norm" not in out["checkpoints"][1]  # step 2 kept no learner.pt
+
+    assert main([str(run_dir / "checkpoints" / "step_2"), str(run_dir / "checkpoints" / "step_6"),
+                 "--output", str(tmp_path / "drift.json")]) == 0  # metrics found beside checkpoints/
+    assert json.loads((tmp_path / "drift.json").read_text())["intervals"][0]["grad_norm_mean"] == 2.0
+    assert main([str(run_dir / "checkpoints" / "step_2"), str(tmp_path / "base")]) == 2  # no step in its name
+    policy(tmp_path / "step_9", 0.0)
+    save_file({"w": torch.zeros(5), "b": torch.zeros(2)}, str(tmp_path / "step_9" / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"w is \(4,\) against \(5,\)"):
+        drift([run_dir / "checkpoints" / "step_2", tmp_path / "step_9"])
