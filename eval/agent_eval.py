@@ -42,6 +42,7 @@ from agent.engines import DTYPES, is_hub_name, resolve_device, resolve_dtype
 from envs.base import Env, Task
 from eval.grading import InstanceOutcome, grade_one
 from sandbox.pool import SandboxPool
+from training.checkpoint import Checkpoints
 
 if TYPE_CHECKING:  # the agent (torch) is loaded by `start_agent`, not by grading alone
     from agent.loop import Agent
@@ -273,7 +274,7 @@ def resolve_checkpoint(ckpt: str) -> str:
             raise UsageError(f"--ckpt {ckpt}: no such directory (and not a hub name like owner/model)")
         return ckpt
     steps = sorted((p for p in [*path.glob("step_*"), *path.glob("checkpoints/step_*")] if p.name[5:].isdigit()),
-                   key=lambda p: int(p.name[5:]))
+                   key=Checkpoints.step_of)
     for candidate in (path / "policy", path, *(s / "policy" for s in reversed(steps))):
         if (candidate / "config.json").is_file():
             return str(candidate)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RUN_ID
+from training.checkpoint import Checkpoints
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def test_killed_run_resumes_with_no_rollout_lost_or_counted_twice(tmp_path, dock
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up: as a crash
     proc.wait(timeout=60)
-    killed_at = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
+    killed_at = max(Checkpoints.step_of(p) for p in (out / "checkpoints").glob("step_*"))
     assert killed_at < 8, "the run finished before it could be killed"
     r = train(out, "trainer.max_steps=8")
     assert r.returncode == 0, r.stderr[-4000:]
