@@ -67,6 +67,27 @@ def test_backpressure_blocks_until_the_learner_takes():
     assert asyncio.run(main())
 
 
+def test_a_take_with_hold_stops_starts_until_they_are_opened():
+    """The learner takes with hold while a rollout started during its step would be dropped:
+    a worker waiting for room (woken by that same take) does not get it until open_starts."""
+    async def main():
+        s = RolloutStream(max_in_flight=1)
+        await s.reserve()
+        waiting = asyncio.create_task(s.reserve())
+        await s.push(traj("a", 0))
+        await s.take(current_version=0, count=1, hold=True)
+        await asyncio.sleep(0.05)
+        held = not waiting.done()
+        await s.open_starts()
+        await asyncio.wait_for(waiting, 1.0)
+        await s.push(traj("b", 0))
+        await s.take(current_version=0, count=1)  # without hold: the next start goes through
+        await asyncio.wait_for(s.reserve(), 1.0)
+        return held
+
+    assert asyncio.run(main())
+
+
 def test_take_waits_for_rollouts_to_arrive():
     async def main():
         s = RolloutStream()

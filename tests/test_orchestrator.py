@@ -157,6 +157,47 @@ def test_engine_lag_gives_the_engine_the_weights_of_k_versions_ago(monkeypatch):
     assert learner.version == 5 and engine.given == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
+@pytest.mark.parametrize("max_staleness", [2, 8])
+def test_no_rollout_starts_during_a_step_when_it_would_be_too_stale_to_train_on(monkeypatch, max_staleness):
+    """engine_lag=2: a rollout started while the learner steps samples with the engine's
+    weights of then and is taken at one version more. With max_staleness=2 (the lag) that is
+    past the bound from the third step on (learner version 2), so no rollout starts during
+    those steps; with 8, rollouts go on starting during every step (the async overlap). Each
+    step counts the rollouts started while it runs, waiting for one (0.3 s where none should
+    come, else up to 10 s), so neither case depends on the machine's speed."""
+    import time
+
+    def run(agent, task, env, pool, seed):
+        time.sleep(0.02)
+        t = Trajectory(task.instance_id, prompt_ids=[1, 2], reward=1.0, exit_reason="submitted")
+        t.append_sampled([3], [-0.5], engine.version)
+        return t
+
+    started_during = []
+
+    class Slow(Learner):
+        def step(self, batch, group_ids):
+            before = orch.stream.counts["started"]
+            deadline = time.monotonic() + (0.3 if max_staleness == 2 else 10)
+            while orch.stream.counts["started"] == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            started_during.append(orch.stream.counts["started"] - before)
+            return super().step(batch, group_ids)
+
+    monkeypatch.setattr(orchestrator, "rollout_and_grade", run)
+    tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(8)]
+    cfg = RunConfig(batch_size=2, num_workers=2, max_steps=6, engine_lag=2, max_staleness=max_staleness,
+                    max_in_flight=64)  # room to start more at any time: only the hold stops them
+    engine, learner = Engine(), Slow()
+    orch = Orchestrator(cfg, TaskSampler([Source("s", None, tasks, None)]), None, engine, learner, lambda *a: None)
+    asyncio.run(asyncio.wait_for(orch.run(), timeout=120))
+    assert learner.version == 6 and engine.version == 4  # after step s, version s - 2
+    if max_staleness == 2:
+        assert started_during[2:] == [0, 0, 0, 0], started_during
+    else:
+        assert all(started_during), started_during
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_groups_rollouts_run_side_by_side_within_the_worker_count(monkeypatch, mode):
     """GRPO's group of 4 with 4 workers: its rollouts run at once (one after another, a sync

@@ -3,7 +3,9 @@
 Each token carries the policy version that sampled it, so a rollout's staleness is the
 learner's current version minus the oldest version among its sampled tokens. A staleness
 bound with a policy (`drop` or `keep`, both counted) decides what is too old. Backpressure:
-at most `max_in_flight` rollouts are started and not yet taken by the learner.
+at most `max_in_flight` rollouts are started and not yet taken by the learner, and none while
+starts are held (a take with `hold`, until `open_starts`: the learner steps, and a rollout
+started meanwhile would be too old when it could be taken).
 
 Everything here runs on one asyncio event loop (rollout workers push from it; the learner
 awaits `take`), so no locks are needed beyond asyncio's.
@@ -35,15 +37,16 @@ class RolloutStream:
         self._queue: deque[list[Trajectory]] = deque()  # groups, in arrival order
         self._changed = asyncio.Condition()
         self._in_flight = 0  # started, not yet taken (running or queued)
+        self._held = False  # no rollout starts (from a take with hold to open_starts)
         self.counts = Counter()  # pushed, taken, dropped_stale, kept_stale, started
         self.staleness_hist: Counter = Counter()  # of taken rollouts
         self.consumed_ids: set[str] = set()  # rollout keys the learner has trained on
 
     # -- rollout workers --------------------------------------------------------------------
     async def reserve(self) -> None:
-        """Wait for room to start one more rollout (backpressure)."""
+        """Wait for room to start one more rollout (backpressure), and for starts not to be held."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self._in_flight < self.max_in_flight)
+            await self._changed.wait_for(lambda: not self._held and self._in_flight < self.max_in_flight)
             self._in_flight += 1
             self.counts["started"] += 1
 
@@ -66,10 +69,13 @@ class RolloutStream:
             self._changed.notify_all()
 
     # -- learner ----------------------------------------------------------------------------
-    async def take(self, current_version: int, count: int | None = None, token_budget: int | None = None) -> list[Trajectory]:
+    async def take(self, current_version: int, count: int | None = None, token_budget: int | None = None,
+                   hold: bool = False) -> list[Trajectory]:
         """The next batch, oldest first: `count` rollouts, or as many as fit `token_budget`
         (at least one group). Waits until enough rollouts have arrived. Too-stale groups are
-        dropped or kept according to the policy, and counted either way."""
+        dropped or kept according to the policy, and counted either way. With `hold`, no
+        rollout starts from the moment the batch is taken (in the same step, so no worker slips
+        in between) until `open_starts`."""
         assert count or token_budget, "take needs a count or a token budget"
         batch: list[Trajectory] = []
         groups: list[list[Trajectory]] = []  # put back if the take is cancelled (the run stops)
@@ -82,7 +88,7 @@ class RolloutStream:
                         group = self._queue[0]
                         size = sum(t.num_tokens for t in group)
                         if batch and token_budget and tokens + size > token_budget:
-                            return self._taken(batch, current_version)
+                            return self._taken(batch, current_version, hold)
                         self._queue.popleft()
                         self._in_flight -= len(group)
                         if max(staleness(t, current_version) for t in group) > self.max_staleness:
@@ -94,7 +100,7 @@ class RolloutStream:
                         groups.append(group)
                         tokens += size
                         if (count and len(batch) >= count) or (token_budget and tokens >= token_budget):
-                            return self._taken(batch, current_version)
+                            return self._taken(batch, current_version, hold)
                     self._changed.notify_all()  # dropped rollouts freed room for workers
             except asyncio.CancelledError:
                 for group in reversed(groups):  # queued again, oldest first, for the checkpoint
@@ -102,13 +108,20 @@ class RolloutStream:
                     self._in_flight += len(group)
                 raise
 
-    def _taken(self, batch: list[Trajectory], current_version: int) -> list[Trajectory]:
+    def _taken(self, batch: list[Trajectory], current_version: int, hold: bool) -> list[Trajectory]:
+        self._held = hold
         for traj in batch:
             self.staleness_hist[staleness(traj, current_version)] += 1
             self.counts["taken"] += 1
             self.consumed_ids.add(traj.info.get("rollout_key", traj.instance_id))
         self._changed.notify_all()
         return batch
+
+    async def open_starts(self) -> None:
+        """Rollouts may start again (after a take with `hold`)."""
+        async with self._changed:
+            self._held = False
+            self._changed.notify_all()
 
     # -- metrics and checkpoints ----------------------------------------------------------------
     @property

@@ -162,11 +162,14 @@ class Orchestrator:
             try:
                 while self._going():
                     t0 = time.monotonic()
-                    batch = await self._take_unless_a_worker_fails(workers)
+                    batch = await self._take_unless_a_worker_fails(workers, hold=self._starts_would_be_dropped())
                     self._wait_s += time.monotonic() - t0
                     if batch is None:  # asked to stop while waiting
                         break
-                    await self._learn(batch)
+                    try:
+                        await self._learn(batch)
+                    finally:
+                        await self.stream.open_starts()
             finally:
                 for w in workers:
                     w.cancel()
@@ -192,11 +195,23 @@ class Orchestrator:
         else:
             raise ValueError(f"mode must be 'async' or 'sync', got {self.cfg.mode!r}")
 
-    async def _take_unless_a_worker_fails(self, workers: list[asyncio.Task]) -> list[Trajectory] | None:
-        """The next batch; a worker only ends by raising (too many failures), and then so does
-        this. None if the run is asked to stop meanwhile."""
+    def _starts_would_be_dropped(self) -> bool:
+        """Whether a rollout started while the learner takes its next step would be past the
+        staleness bound when the learner could first take it, and so dropped: it samples with
+        the engine's weights of now (they change after the step), and that take comes at one
+        version more. So at every step once `engine_lag` = `max_staleness` has its k versions
+        (BENCHMARKS.md's lagged runs); never with `stale_policy=keep`. Then no rollout starts
+        during the step: the engine would sample only to throw the rollout away, on the
+        machine the learner steps on."""
+        return (self.cfg.stale_policy == "drop"
+                and self.learner.version + 1 - self.engine.version > self.cfg.max_staleness)
+
+    async def _take_unless_a_worker_fails(self, workers: list[asyncio.Task], hold: bool = False) -> list[Trajectory] | None:
+        """The next batch (with `hold`, rollout starts held from then on: the caller opens
+        them); a worker only ends by raising (too many failures), and then so does this. None
+        if the run is asked to stop meanwhile."""
         by = {"token_budget": self.cfg.batch_tokens} if self.cfg.batch_tokens else {"count": self.cfg.batch_size}
-        take = asyncio.create_task(self.stream.take(self.learner.version, **by))
+        take = asyncio.create_task(self.stream.take(self.learner.version, hold=hold, **by))
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait([take, stop, *workers], return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
