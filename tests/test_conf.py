@@ -49,6 +49,10 @@ def test_swe_verified_experiment_has_the_papers_settings():
     cfg = OmegaConf.to_container(composed("+experiment=swe_verified"), resolve=True)
     assert cfg["model"]["path"].startswith("Qwen/Qwen3") and cfg["engine"]["kind"] == "vllm"
     assert cfg["trainer"]["batch_size"] == 128 and cfg["trainer"]["group_size"] == 1  # 128 x 1
+    for experiment in ("swe_verified", "math_tir"):  # the baseline at the same scale: 16 prompts x 8
+        grpo = composed(f"+experiment={experiment}", "algo=grpo_dis")
+        check(grpo)
+        assert grpo.trainer.batch_size == 128 and grpo.trainer.group_size == grpo.algo.group_size == 8
     assert cfg["agent"]["max_tokens"] == 131072 and cfg["engine"]["options"]["max_model_len"] == 131072
     algo = cfg["algo"]
     assert (algo["eps_low"], algo["eps_high"]) == (0.8, 3.0) and algo["mask"] is True
@@ -106,6 +110,7 @@ def test_shipped_configs_pass_the_checks(overrides):
     (["trainer.stale_policy=forget"], "trainer.stale_policy = 'forget'"),
     (["trainer.batch_size=0"], "trainer.batch_size = 0"),
     (["algo=grpo", "trainer.batch_size=12"], "trainer.batch_size = 12: must be a multiple of trainer.group_size (8)"),
+    (["algo=grpo", "trainer.group_size=2"], "trainer.group_size = 2: differs from algo.group_size (8)"),
     (["algo.eps_low=1.5"], "algo.eps_low = 1.5"),
     (["algo.critic_steps=-1"], "algo.critic_steps = -1"),
     (["model.path=/no/such/model"], "model.path = '/no/such/model'"),

@@ -117,6 +117,9 @@ def check(cfg: DictConfig) -> None:
     algo = cfg.algo
     _at_least(algo, "algo", ("eps_low", "eps_high", "lr_policy", "lr_critic", "critic_steps", "critic_warmup_steps"), 0)
     _at_least(algo, "algo", ("policy_minibatches", "group_size"), 1)
+    if algo.get("group_size") is not None and t.group_size != algo.group_size:
+        _fail("trainer.group_size", t.group_size, f"differs from algo.group_size ({algo.group_size}), by which the "
+              "advantages are grouped: set algo.group_size (trainer.group_size follows it)")
     if algo.get("eps_low") is not None and algo.eps_low > 1:
         _fail("algo.eps_low", algo.eps_low, "must be at most 1 (the band's low edge is 1 - eps_low)")
     _check_learner(cfg.learner)
