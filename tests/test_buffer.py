@@ -88,6 +88,30 @@ def test_a_take_with_hold_stops_starts_until_they_are_opened():
     assert asyncio.run(main())
 
 
+def test_a_group_reserves_all_its_places_or_none_and_open_starts_can_allow_only_n_starts():
+    async def main():
+        s = RolloutStream(max_in_flight=8)
+        await s.open_starts(starts=3)
+        await s.reserve(2)
+        group = asyncio.create_task(s.reserve(2))  # 2 + 2 > 3 starts: waits whole, takes no part
+        await asyncio.sleep(0.05)
+        waited, in_flight = not group.done(), s._in_flight
+        await s.release()  # a failed rollout's start may be made again
+        await asyncio.wait_for(group, 1.0)
+        for name in "abc":
+            await s.push(traj(name, 0))
+        await s.take(current_version=0, count=3)  # room again, but no starts left
+        blocked = asyncio.create_task(s.reserve())
+        await asyncio.sleep(0.05)
+        still_waiting = not blocked.done()
+        await s.open_starts()  # as many as max_in_flight allows
+        await asyncio.wait_for(blocked, 1.0)
+        await asyncio.wait_for(s.reserve(7), 1.0)
+        return waited, in_flight, still_waiting, s._in_flight
+
+    assert asyncio.run(main()) == (True, 2, True, 8)
+
+
 def test_take_waits_for_rollouts_to_arrive():
     async def main():
         s = RolloutStream()

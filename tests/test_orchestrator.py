@@ -162,9 +162,10 @@ def test_no_rollout_starts_during_a_step_when_it_would_be_too_stale_to_train_on(
     """engine_lag=2: a rollout started while the learner steps samples with the engine's
     weights of then and is taken at one version more. With max_staleness=2 (the lag) that is
     past the bound from the third step on (learner version 2), so no rollout starts during
-    those steps; with 8, rollouts go on starting during every step (the async overlap). Each
-    step counts the rollouts started while it runs, waiting for one (0.3 s where none should
-    come, else up to 10 s), so neither case depends on the machine's speed."""
+    those steps, and after each only the next batch's: once the rollouts of the steps before
+    are through, none is dropped. With 8, rollouts go on starting during every step (the async
+    overlap). Each step counts the rollouts started while it runs, waiting for one (0.3 s where
+    none should come, else up to 10 s), so neither case depends on the machine's speed."""
     import time
 
     def run(agent, task, env, pool, seed):
@@ -173,7 +174,7 @@ def test_no_rollout_starts_during_a_step_when_it_would_be_too_stale_to_train_on(
         t.append_sampled([3], [-0.5], engine.version)
         return t
 
-    started_during = []
+    started_during, dropped = [], []
 
     class Slow(Learner):
         def step(self, batch, group_ids):
@@ -182,18 +183,20 @@ def test_no_rollout_starts_during_a_step_when_it_would_be_too_stale_to_train_on(
             while orch.stream.counts["started"] == before and time.monotonic() < deadline:
                 time.sleep(0.01)
             started_during.append(orch.stream.counts["started"] - before)
+            dropped.append(orch.stream.counts["dropped_stale"])
             return super().step(batch, group_ids)
 
     monkeypatch.setattr(orchestrator, "rollout_and_grade", run)
     tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(8)]
-    cfg = RunConfig(batch_size=2, num_workers=2, max_steps=6, engine_lag=2, max_staleness=max_staleness,
-                    max_in_flight=64)  # room to start more at any time: only the hold stops them
+    cfg = RunConfig(batch_size=2, num_workers=2, max_steps=8, engine_lag=2, max_staleness=max_staleness,
+                    max_in_flight=64)  # room to start many more at any time: only the hold and the starts allowed stop them
     engine, learner = Engine(), Slow()
     orch = Orchestrator(cfg, TaskSampler([Source("s", None, tasks, None)]), None, engine, learner, lambda *a: None)
     asyncio.run(asyncio.wait_for(orch.run(), timeout=120))
-    assert learner.version == 6 and engine.version == 4  # after step s, version s - 2
+    assert learner.version == 8 and engine.version == 6  # after step s, version s - 2
     if max_staleness == 2:
-        assert started_during[2:] == [0, 0, 0, 0], started_during
+        assert started_during[2:] == [0] * 6, started_during
+        assert dropped[-3:] == [dropped[-1]] * 3, dropped  # (those of the first steps went by step 6)
     else:
         assert all(started_during), started_during
 

@@ -3,9 +3,10 @@
 Each token carries the policy version that sampled it, so a rollout's staleness is the
 learner's current version minus the oldest version among its sampled tokens. A staleness
 bound with a policy (`drop` or `keep`, both counted) decides what is too old. Backpressure:
-at most `max_in_flight` rollouts are started and not yet taken by the learner, and none while
+at most `max_in_flight` rollouts are started and not yet taken by the learner, none while
 starts are held (a take with `hold`, until `open_starts`: the learner steps, and a rollout
-started meanwhile would be too old when it could be taken).
+started meanwhile would be too old when it could be taken), and after `open_starts(n)` only n
+more (the next batch, when a rollout that misses its take is too old for the one after).
 
 Everything here runs on one asyncio event loop (rollout workers push from it; the learner
 awaits `take`), so no locks are needed beyond asyncio's.
@@ -38,22 +39,29 @@ class RolloutStream:
         self._changed = asyncio.Condition()
         self._in_flight = 0  # started, not yet taken (running or queued)
         self._held = False  # no rollout starts (from a take with hold to open_starts)
+        self._starts_left: int | None = None  # from open_starts(n): starts allowed until the next call
         self.counts = Counter()  # pushed, taken, dropped_stale, kept_stale, started
         self.staleness_hist: Counter = Counter()  # of taken rollouts
         self.consumed_ids: set[str] = set()  # rollout keys the learner has trained on
 
     # -- rollout workers --------------------------------------------------------------------
-    async def reserve(self) -> None:
-        """Wait for room to start one more rollout (backpressure), and for starts not to be held."""
+    async def reserve(self, n: int = 1) -> None:
+        """Wait for room to start `n` more rollouts (a group: all or none, so workers holding
+        parts of groups never wait on each other), and for starts not to be held."""
         async with self._changed:
-            await self._changed.wait_for(lambda: not self._held and self._in_flight < self.max_in_flight)
-            self._in_flight += 1
-            self.counts["started"] += 1
+            await self._changed.wait_for(lambda: not self._held and self._in_flight + n <= self.max_in_flight
+                                         and (self._starts_left is None or n <= self._starts_left))
+            self._in_flight += n
+            self.counts["started"] += n
+            if self._starts_left is not None:
+                self._starts_left -= n
 
     async def release(self) -> None:
-        """A reserved rollout ended without producing a trajectory."""
+        """A reserved rollout ended without producing a trajectory (its start may be made again)."""
         async with self._changed:
             self._in_flight -= 1
+            if self._starts_left is not None:
+                self._starts_left += 1
             self._changed.notify_all()
 
     async def push(self, traj: Trajectory) -> None:
@@ -117,10 +125,12 @@ class RolloutStream:
         self._changed.notify_all()
         return batch
 
-    async def open_starts(self) -> None:
-        """Rollouts may start again (after a take with `hold`)."""
+    async def open_starts(self, starts: int | None = None) -> None:
+        """Rollouts may start again (after a take with `hold`): `starts` of them until the next
+        call (None: as many as `max_in_flight` allows)."""
         async with self._changed:
             self._held = False
+            self._starts_left = starts
             self._changed.notify_all()
 
     # -- metrics and checkpoints ----------------------------------------------------------------

@@ -162,14 +162,15 @@ class Orchestrator:
             try:
                 while self._going():
                     t0 = time.monotonic()
-                    batch = await self._take_unless_a_worker_fails(workers, hold=self._starts_would_be_dropped())
+                    batch = await self._take_unless_a_worker_fails(workers, hold=self._one_version_later_is_too_old())
                     self._wait_s += time.monotonic() - t0
                     if batch is None:  # asked to stop while waiting
                         break
                     try:
                         await self._learn(batch)
-                    finally:
-                        await self.stream.open_starts()
+                    finally:  # only the next batch, if a rollout that misses its take is dropped
+                        only_the_batch = self._one_version_later_is_too_old() and not self.cfg.batch_tokens
+                        await self.stream.open_starts(self.cfg.batch_size if only_the_batch else None)
             finally:
                 for w in workers:
                     w.cancel()
@@ -195,14 +196,15 @@ class Orchestrator:
         else:
             raise ValueError(f"mode must be 'async' or 'sync', got {self.cfg.mode!r}")
 
-    def _starts_would_be_dropped(self) -> bool:
-        """Whether a rollout started while the learner takes its next step would be past the
-        staleness bound when the learner could first take it, and so dropped: it samples with
-        the engine's weights of now (they change after the step), and that take comes at one
-        version more. So at every step once `engine_lag` = `max_staleness` has its k versions
-        (BENCHMARKS.md's lagged runs); never with `stale_policy=keep`. Then no rollout starts
-        during the step: the engine would sample only to throw the rollout away, on the
-        machine the learner steps on."""
+    def _one_version_later_is_too_old(self) -> bool:
+        """Whether a rollout started now and taken at one learner version more than now would be
+        past the staleness bound, and dropped: it samples with the engine's weights of now. So
+        at every step once `engine_lag` = `max_staleness` has its k versions (BENCHMARKS.md's
+        lagged runs); never with `stale_policy=keep`. Then a rollout started while the learner
+        steps misses the take before the step and is dropped at the next, and one still running
+        at a take is dropped at the one after it: so no rollout starts during a step (the take
+        holds starts), and after it only the next batch's (by count) start. The engine would
+        otherwise sample, on the machine the learner steps on, rollouts only to throw them away."""
         return (self.cfg.stale_policy == "drop"
                 and self.learner.version + 1 - self.engine.version > self.cfg.max_staleness)
 
@@ -228,8 +230,7 @@ class Orchestrator:
 
     async def _worker(self, index: int) -> None:
         while True:
-            for _ in range(self.cfg.group_size):
-                await self.stream.reserve()
+            await self.stream.reserve(self.cfg.group_size)
             group = await self._group(self._slots)
             if group is None:
                 for _ in range(self.cfg.group_size):
