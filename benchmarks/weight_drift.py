@@ -88,7 +88,7 @@ def grad_norms(metrics: Path) -> dict[int, float]:
 def drift(checkpoints: list[Path], base: Path | None = None, metrics: Path | None = None) -> dict:
     """The per-checkpoint and per-interval rows (see the module's doc) as a dict."""
     for c in checkpoints:
-        if not c.name.startswith("step_") or not c.name[5:].isdigit():
+        if not Checkpoints.is_step(c):
             raise ValueError(f"{c}: not named step_N, so its step is unknown")
     checkpoints = sorted(checkpoints, key=Checkpoints.step_of)
     if metrics is None:
@@ -96,13 +96,14 @@ def drift(checkpoints: list[Path], base: Path | None = None, metrics: Path | Non
         metrics = next((m for m in found if m.is_file()), None)
     norms = grad_norms(metrics) if metrics else {}
     points = ([(0, base)] if base else []) + [(Checkpoints.step_of(c), c) for c in checkpoints]
-    start = load_weights(points[0][1])
-    rows, intervals, prev = [], [], (points[0][0], start)
+    rows, intervals, start, prev = [], [], None, None
     for step, path in points:
         w = load_weights(path)
+        start = w if start is None else start
         rows.append({"checkpoint": str(path), "step": step, "from_start": distance(start, w, str(path)),
                      **(adam_step(path / "learner.pt") or {})})
-        if path is points[0][1]:
+        if prev is None:
+            prev = (step, w)
             continue
         moved = distance(prev[1], w, str(path))
         steps = step - prev[0]

@@ -273,7 +273,7 @@ def resolve_checkpoint(ckpt: str) -> str:
         if not is_hub_name(ckpt):
             raise UsageError(f"--ckpt {ckpt}: no such directory (and not a hub name like owner/model)")
         return ckpt
-    steps = sorted((p for p in [*path.glob("step_*"), *path.glob("checkpoints/step_*")] if p.name[5:].isdigit()),
+    steps = sorted(filter(Checkpoints.is_step, [*path.glob("step_*"), *path.glob("checkpoints/step_*")]),
                    key=Checkpoints.step_of)
     for candidate in (path / "policy", path, *(s / "policy" for s in reversed(steps))):
         if (candidate / "config.json").is_file():

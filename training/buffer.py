@@ -56,12 +56,12 @@ class RolloutStream:
             if self._starts_left is not None:
                 self._starts_left -= n
 
-    async def release(self) -> None:
-        """A reserved rollout ended without producing a trajectory (its start may be made again)."""
+    async def release(self, n: int = 1) -> None:
+        """`n` reserved rollouts ended without producing trajectories (their starts may be made again)."""
         async with self._changed:
-            self._in_flight -= 1
+            self._in_flight -= n
             if self._starts_left is not None:
-                self._starts_left += 1
+                self._starts_left += n
             self._changed.notify_all()
 
     async def push(self, traj: Trajectory) -> None:

@@ -57,6 +57,11 @@ class Checkpoints:
     def step_of(path: Path) -> int:
         return int(path.name.split("_")[1])
 
+    @staticmethod
+    def is_step(path: Path) -> bool:
+        """Whether `path` is named `step_N` (a checkpoint's folder, or a policy copied out of one)."""
+        return path.name.startswith("step_") and path.name[5:].isdigit()
+
     def latest(self) -> Path | None:
         found = self.all()
         return found[-1] if found else None

@@ -233,8 +233,7 @@ class Orchestrator:
             await self.stream.reserve(self.cfg.group_size)
             group = await self._group(self._slots)
             if group is None:
-                for _ in range(self.cfg.group_size):
-                    await self.stream.release()
+                await self.stream.release(self.cfg.group_size)
                 continue
             await self.stream.push_group(group)
 
