@@ -54,6 +54,7 @@ ALGOS = {
                             "algo.baseline_window=128"],
 }
 DEFAULT_ALGOS = ["sao", "grpo", "grpo_dis", "running_mean"]  # the paper's comparison
+COLOURS = {name: f"C{i}" for i, name in enumerate(ALGOS)}  # one colour per algo in every column
 # the paper's Table 4, each one change to SAO
 ABLATIONS = {
     "one_critic_update": ["algo=sao", "algo.critic_steps=1"],
@@ -146,8 +147,9 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
             smooth = [statistics.mean(mean[max(0, i - 4): i + 1]) for i in range(n)]
             samples = [(i + 1) * batch_size for i in range(n)]
             seconds = [statistics.mean(r[i]["time/elapsed_s"] for r in runs) for i in range(n)]
-            axes[0][col].plot(samples, smooth, lw=2, label=case["name"])
-            axes[1][col].plot(seconds, smooth, lw=2, label=case["name"])
+            style = {"lw": 2, "label": case["name"], "color": COLOURS.get(case["name"])}
+            axes[0][col].plot(samples, smooth, **style)
+            axes[1][col].plot(seconds, smooth, **style)
         axes[0][col].set_title(f"staleness {lag} (engine_lag={lag})")
         axes[0][col].set_xlabel("samples")
         axes[1][col].set_xlabel("wall seconds")
