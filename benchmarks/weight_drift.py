@@ -102,18 +102,16 @@ def drift(checkpoints: list[Path], base: Path | None = None, metrics: Path | Non
         start = w if start is None else start
         rows.append({"checkpoint": str(path), "step": step, "from_start": distance(start, w, str(path)),
                      **(adam_step(path / "learner.pt") or {})})
-        if prev is None:
-            prev = (step, w)
-            continue
-        moved = distance(prev[1], w, str(path))
-        steps = step - prev[0]
-        if steps <= 0:
-            raise ValueError(f"{path}: step {step} again")
-        g = [norms[s] for s in range(prev[0] + 1, step + 1) if s in norms]
-        row = {"from": prev[0], "to": step, "steps": steps, "moved": moved, "moved_per_step": moved / steps,
-               "grad_norm_mean": mean(g) if g else None, "grad_norm_steps": len(g)}
-        row["moved_per_grad_norm"] = row["moved_per_step"] / row["grad_norm_mean"] if g else None
-        intervals.append(row)
+        if prev is not None:
+            moved = distance(prev[1], w, str(path))
+            steps = step - prev[0]
+            if steps <= 0:
+                raise ValueError(f"{path}: step {step} again")
+            g = [norms[s] for s in range(prev[0] + 1, step + 1) if s in norms]
+            row = {"from": prev[0], "to": step, "steps": steps, "moved": moved, "moved_per_step": moved / steps,
+                   "grad_norm_mean": mean(g) if g else None, "grad_norm_steps": len(g)}
+            row["moved_per_grad_norm"] = row["moved_per_step"] / row["grad_norm_mean"] if g else None
+            intervals.append(row)
         prev = (step, w)
     return {"metrics": str(metrics) if metrics else None, "checkpoints": rows, "intervals": intervals}
 

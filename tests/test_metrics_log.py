@@ -2,6 +2,7 @@
 is dropped from both, so each step appears once; and which checkpoints a run keeps."""
 
 import json
+import shutil
 import time
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -25,6 +26,9 @@ def test_checkpoints_keep_the_newest_and_every_nth(tmp_path):
     newest = Checkpoints(tmp_path / "other", keep=2)  # keep_every 0: the newest only
     for step in (1, 2, 3):
         newest.save(step, _Learner(), {"step": step})
+    assert [p.name for p in newest.all()] == ["step_2", "step_3"]
+    # a copy a person made beside them (named step_N-something) is not a checkpoint of the run
+    shutil.copytree(newest.root / "step_3", newest.root / "step_3-backup")
     assert [p.name for p in newest.all()] == ["step_2", "step_3"]
 
 

@@ -50,7 +50,7 @@ class Checkpoints:
     def all(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        done = [p for p in self.root.glob("step_*") if (p / "run_state.json").exists()]
+        done = [p for p in self.root.glob("step_*") if self.is_step(p) and (p / "run_state.json").exists()]
         return sorted(done, key=self.step_of)
 
     @staticmethod
