@@ -75,11 +75,11 @@ class Agent:
         start = clock()
         timings = {"generate": 0.0, "tools": 0.0}
         # an env may name its own tools and system prompt (a small verifiable env, say)
-        handlers = env.tool_handlers(task, sandbox) if hasattr(env, "tool_handlers") else None
-        tools = ToolBox(sandbox, tools=getattr(env, "tools", DEFAULT_TOOLS), default_timeout_s=cfg.command_timeout_s,
+        handlers = env.tool_handlers(task, sandbox)
+        tools = ToolBox(sandbox, tools=env.tools or DEFAULT_TOOLS, default_timeout_s=cfg.command_timeout_s,
                         max_output_bytes=cfg.max_observation_bytes, handlers=handlers)
         chat = ChatRenderer(self.tokenizer, tools.definitions, cfg.family)
-        messages = [{"role": "system", "content": getattr(env, "system_prompt", None) or cfg.system_prompt}]
+        messages = [{"role": "system", "content": env.system_prompt or cfg.system_prompt}]
         try:
             messages.append({"role": "user", "content": env.reset(task, sandbox, **versioned(env, self.engine))})
             if hasattr(sandbox, "drop_privileges"):  # the model's commands as `sandbox.user`, when set
@@ -170,11 +170,11 @@ class Agent:
 
 
 def versioned(env: Env, engine: Engine) -> dict:
-    """`{"version": engine.version}` for an env that asks for the policy version (class
-    attribute `versioned = True`: one whose rule changes as training goes on, envs/online.py),
+    """`{"version": engine.version}` for an env that asks for the policy version (`Env.versioned`:
+    one whose rule changes as training goes on, envs/online.py),
     else nothing. The engine's version is that of the weights it samples with: the learner's
     policy updates it has been given (under `trainer.engine_lag=k`, those of k versions ago)."""
-    return {"version": engine.version} if getattr(env, "versioned", False) else {}
+    return {"version": engine.version} if env.versioned else {}
 
 
 def _template_view(message: dict) -> dict:

@@ -23,7 +23,8 @@ from agent.loop import Agent, AgentConfig, versioned
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 from agent.trajectory import Trajectory
 from envs.base import Env, Task, make_env
-from envs.data import DatasetError, load_tasks
+from taskdata.load import load_tasks
+from taskdata.rows import DatasetError
 from sandbox.base import SandboxError
 from sandbox.pool import SandboxPool
 
@@ -66,7 +67,7 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
                       prepare_grading: bool = True) -> Trajectory:
     """One rollout in a fresh sandbox, graded; every sandbox is removed however it ends.
 
-    An env that grades a patch (`env.patch_of`, the SWE env) is graded as SWE-bench's harness
+    An env that grades a patch (`env.grades_patch`, the SWE env) is graded as SWE-bench's harness
     grades: the workspace's diff is taken, and the tests run in another fresh sandbox from the
     task's image with only that patch applied, so nothing the agent did outside the repository
     (a shadowed test runner, a daemon it left) touches grading. That sandbox is made ready while
@@ -74,11 +75,10 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
     Other envs grade in place.
     """
     image = env.image_for(task)
-    patch_of = getattr(env, "patch_of", None)
     grading = None
     try:
         with pool.sandbox(image) as sb:
-            if patch_of is not None and prepare_grading:  # once this rollout holds its own sandbox
+            if env.grades_patch and prepare_grading:  # once this rollout holds its own sandbox
                 grading = _GradingSandbox(pool, image, task, env, versioned(env, agent.engine))
             traj = agent.run(task, env, sb, seed=seed)
             if traj.exit_reason == "sandbox_error":
@@ -87,11 +87,11 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
                 traj.reward = 0.0
                 return traj
             t0 = time.monotonic()
-            if patch_of is None:  # (a versioned env grades by the engine's version now, envs/online.py)
+            if not env.grades_patch:  # (a versioned env grades by the engine's version now, envs/online.py)
                 result = env.grade(task, sb, **versioned(env, agent.engine))
             else:
-                patch = patch_of(task, sb)
-        if patch_of is not None:  # the rollout's sandbox is gone (its pool slot free) before this waits
+                patch = env.patch_of(task, sb)
+        if env.grades_patch:  # the rollout's sandbox is gone (its pool slot free) before this waits
             if grading is not None:
                 result = env.grade(task, grading.get(), patch, **versioned(env, agent.engine))
             else:

@@ -20,10 +20,10 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 # The built-in tasks' real sources (code, tests, docs) and the agent's own prompt files:
 # text that rarely changes, so the tiny model stays the same from commit to commit.
-CORPUS_GLOBS = ["envs/builtin/sources/**/*.py", "envs/builtin/sources/**/*.rst", "envs/builtin/sources/**/*.md",
+CORPUS_GLOBS = ["taskdata/builtin/sources/**/*.py", "taskdata/builtin/sources/**/*.rst", "taskdata/builtin/sources/**/*.md",
                 "agent/tools.yaml", "agent/prompts/*", "agent/templates/*.jinja", "envs/prompts/*"]
 
-# head_dim 64: vLLM's CPU attention refuses 16 (DEVELOPERS.md); 2 heads x 64 = hidden 128.
+# head_dim 64: vLLM's CPU attention refuses 16; 2 heads x 64 = hidden 128.
 MODEL_CONFIG = dict(
     hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=1, head_dim=64, max_position_embeddings=16384, rope_theta=10000.0,
@@ -37,7 +37,7 @@ def corpus_files(root: Path = ROOT) -> list[Path]:
     def ours(p: Path) -> bool:
         rel = p.relative_to(root).parts
         return p.is_file() and not any(part.startswith(".") for part in rel) and rel[0] != "outputs" \
-            and rel[:3] != ("envs", "builtin", "repos")
+            and rel[:3] != ("taskdata", "builtin", "repos")
 
     return sorted({p for g in CORPUS_GLOBS for p in root.glob(g) if ours(p)})
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import yaml
 
+from envs.base import ANSWER_FILE
 from sandbox.base import ExecResult, Sandbox, cap_text
 
 SPEC_FILE = Path(__file__).with_name("tools.yaml")
 ENV_SPEC_FILE = Path(__file__).with_name("env_tools.yaml")  # envs' own tools, outside the tiny tokenizer's corpus
 DEFAULT_TOOLS = ("bash", "str_replace_editor", "submit")
 ENDING_TOOLS = ("submit", "answer")  # a call of one of these ends the episode
-ANSWER_FILE = "/testbed/.answer"  # where `answer` puts its value, for the env's grader
 SNIPPET_CONTEXT = 4  # lines shown around an edit, so the model can check it without a `view`
 
 

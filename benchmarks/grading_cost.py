@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.rollout import _GradingSandbox
-from envs.builtin import load_builtin_tasks
+from taskdata.load import load_builtin_tasks
 from envs.swe import SWEEnv
 from sandbox.pool import SandboxPool
 

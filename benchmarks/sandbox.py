@@ -30,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from envs.builtin import load_builtin_tasks
+from taskdata.load import load_builtin_tasks
 from envs.swe import SWEEnv
 from sandbox.pool import SandboxPool
 

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.tools import ANSWER_FILE
-from envs.base import GradeResult, Task, call_message, register_env
+from envs.base import ANSWER_FILE, EnvBase, GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -52,7 +51,7 @@ def grade_answer(task: Task, sandbox: Sandbox, expected: Callable[[], str]) -> G
 
 
 @register_env("arith")
-class ArithEnv:
+class ArithEnv(EnvBase):
     tools = ("answer",)
 
     def __init__(self, image: str = DEFAULT_IMAGE):

@@ -1,4 +1,4 @@
-"""`Task`, the `Env` protocol, grading results, and the env registry.
+"""`Task`, the `Env` protocol (and `EnvBase`, its defaults), grading results, and the env registry.
 
 `Task` maps the SWE-bench instance schema one to one (the v5 fields `image`, `eval_script`,
 `log_parser`, `eval_type` included) and adds what a task made from a local repository needs.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -34,7 +35,7 @@ class Task:
     log_parser: str = "parse_log_pytest"  # a key of swebench's PARSER_REGISTRY
     eval_script: str | None = None  # swebench v5: a whole eval.sh (applies test_patch itself)
     eval_type: str = "pass_and_fail"  # swebench's, or "expected_exact" / "expected_passed" (R2E-style)
-    # -- what a dataset family's own harness does (envs/data_*.py) --
+    # -- what a dataset family's own harness does (taskdata/*.py) --
     layout: str = "swe-bench"  # the family whose harness lays out, runs and grades the task
     # None: the workspace is the image's repository (or `repo`) checked out at base_commit. Else
     # bash run in the workspace at reset that puts the task in place (a branch checked out,
@@ -86,16 +87,53 @@ class GradeResult:
         return 1.0 if self.resolved else 0.0
 
 
+ANSWER_FILE = "/testbed/.answer"  # where the agent's `answer` tool puts its value, for the env's grader
+
+
 class Env(Protocol):
-    """A task family. `reset` lays out the workspace and returns the prompt; `grade` judges it."""
+    """A task family. `reset` lays out the workspace and returns the prompt; `grade` judges it.
+    Everything below `grade` is optional: `EnvBase` gives each its default, and the agent and
+    the rollout read them as declared here (never by probing)."""
 
     name: str
+    tools: tuple[str, ...] | None  # the agent's tools for this env (agent/tools.yaml); None: bash, editor, submit
+    system_prompt: str | None  # None: the agent's own system prompt
+    versioned: bool  # reset and grade take `version=` (the engine's policy version): a rule that changes in training
+    grades_patch: bool  # grade the workspace's diff (`patch_of`) in a fresh sandbox, as SWE-bench does; else in place
 
     def image_for(self, task: Task) -> str: ...
 
     def reset(self, task: Task, sandbox: Sandbox) -> str: ...
 
     def grade(self, task: Task, sandbox: Sandbox, patch: str | None = None) -> GradeResult: ...
+
+    def tool_handlers(self, task: Task, sandbox: Sandbox) -> dict[str, Callable[..., Any]] | None:
+        """Tools this env answers itself (a game's move, a notebook cell), by name; None: none."""
+
+    def patch_of(self, task: Task, sandbox: Sandbox) -> str:
+        """The workspace's change, as a patch (only where `grades_patch`)."""
+
+    def demonstrations(self, n: int, rng: random.Random, seed: int, **options: Any) -> list[list[dict]]:
+        """`n` worked conversations (after the system prompt) for an SFT warm start."""
+
+
+class EnvBase:
+    """The defaults of `Env`'s optional parts; an env subclasses it and sets what it needs."""
+
+    name: str = ""
+    tools: tuple[str, ...] | None = None
+    system_prompt: str | None = None
+    versioned: bool = False
+    grades_patch: bool = False
+
+    def tool_handlers(self, task: Task, sandbox: Sandbox) -> dict[str, Callable[..., Any]] | None:
+        return None
+
+    def patch_of(self, task: Task, sandbox: Sandbox) -> str:
+        raise NotImplementedError(f"env {self.name!r} grades in place: it has no patch to take")
+
+    def demonstrations(self, n: int, rng: random.Random, seed: int, **options: Any) -> list[list[dict]]:
+        raise NotImplementedError(f"env {self.name!r} has no demonstrations to warm start on")
 
 
 def call_message(name: str, **arguments: Any) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 
-from envs.base import GradeResult, Task, call_message, register_env
+from envs.base import EnvBase, GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -67,7 +67,7 @@ class _Game:
 
 
 @register_env("guess")
-class GuessEnv:
+class GuessEnv(EnvBase):
     tools = ("guess",)
 
     def __init__(self, turns: int = 3, image: str = DEFAULT_IMAGE):

@@ -40,9 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.tools import ANSWER_FILE
-from envs.base import GradeResult, Task, call_message, register_env
-from envs.math_data import make_math_tasks
+from envs.base import ANSWER_FILE, EnvBase, GradeResult, Task, call_message, register_env
+from envs.math_problems import make_math_tasks
 from sandbox.base import ExecResult, Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -261,7 +260,7 @@ class Verifier:
 
 
 @register_env("math")
-class MathEnv:
+class MathEnv(EnvBase):
     tools = ("python", "answer")
 
     def __init__(self, timeout_s: float = 30.0, image: str = DEFAULT_IMAGE, system_prompt: str | None = None,

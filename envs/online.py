@@ -23,7 +23,7 @@ rollout that spans a switch is graded by the new rule, as a drifting preference 
 The answer goes through the sandbox as prefer's does (`envs.arith.grade_answer`); the grade
 report keeps `given` (the style answered) and `expected` (the style rewarded) and adds `phase`
 and `version` (those at grading).
-`record` names a JSONL file each grading appends that line to (benchmarks/online.py reads it
+`record` names a JSONL file each grading appends that line to (experiments/online.py reads it
 to count the share of each style answered).
 """
 
@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from envs.arith import grade_answer
-from envs.base import GradeResult, Task, call_message, register_env
+from envs.base import EnvBase, GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -88,7 +88,7 @@ def check_phases(phases) -> list[dict]:
 
 
 @register_env("online")
-class OnlineEnv:
+class OnlineEnv(EnvBase):
     tools = ("answer",)
     versioned = True  # reset and grade get the engine's policy version (agent/loop.py)
 

@@ -3,8 +3,8 @@ is rewarded when it is the env's preferred one. Nothing in the prompt gives the 
 so only reward can teach it: the plainest test that the whole RL loop learns.
 
 The rule may drift: with `switch_every > 0`, the preferred digit moves to the next one in
-`preferred` after that many graded rollouts (DESIGN.md: an env whose preferred answer
-switches mid-run, where a critic should recover faster than a running-mean baseline).
+`preferred` after that many graded rollouts (an env whose preferred answer switches mid-run,
+where a critic should recover faster than a running-mean baseline: docs/design.md, online learning).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import random
 import threading
 
 from envs.arith import grade_answer
-from envs.base import GradeResult, Task, call_message, register_env
+from envs.base import EnvBase, GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -29,7 +29,7 @@ def make_prefer_tasks(n: int, seed: int = 0) -> list[Task]:
 
 
 @register_env("prefer")
-class PreferEnv:
+class PreferEnv(EnvBase):
     tools = ("answer",)
 
     def __init__(self, preferred: str = "7", switch_every: int = 0, image: str = DEFAULT_IMAGE):

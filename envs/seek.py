@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 
-from envs.base import GradeResult, Task, call_message, register_env
+from envs.base import EnvBase, GradeResult, Task, call_message, register_env
 from sandbox.base import Sandbox
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -98,7 +98,7 @@ class _Game:
 
 
 @register_env("seek")
-class SeekEnv:
+class SeekEnv(EnvBase):
     tools = ("move",)
 
     def __init__(self, image: str = DEFAULT_IMAGE, demo_follow: float = 0.7):

@@ -25,9 +25,9 @@ from swebench.harness.grading import get_eval_report, get_logs_eval
 from swebench.harness.log_parsers import PARSER_REGISTRY
 from swebench.harness.utils import make_test_spec
 
-from envs import parsers  # noqa: F401 (registers the parsers swebench lacks)
-from envs.base import GradeResult, Task, register_env
-from envs.parsers import EXPECTED_TYPES, expected_verdict
+from envs import smith_parsers  # noqa: F401 (registers swesmith's parsers, which swebench lacks)
+from envs.base import EnvBase, GradeResult, Task, register_env
+from envs.log_parsers import EXPECTED_TYPES, expected_verdict  # (registers R2E's, SWE-Next's and SWE-Gym's)
 from sandbox.base import WORKDIR, Sandbox, SandboxError
 from sandbox.docker import DEFAULT_IMAGE
 
@@ -160,10 +160,12 @@ def test_spec_for(task: Task):
 
 
 @register_env("swe")
-class SWEEnv:
+class SWEEnv(EnvBase):
     """SWE-bench-style tasks. `test_timeout_s` bounds one run of a task's tests;
     `reject_test_edits`: a patch that edits test infrastructure the task does not name
     (`test_infra_edits`) is graded unresolved, said why (it is flagged either way)."""
+
+    grades_patch = True  # the workspace's diff, graded in a fresh sandbox from the task's image
 
     def __init__(self, image: str = DEFAULT_IMAGE, test_timeout_s: float = 300.0, prompt_file: str | None = None,
                  reject_test_edits: bool = False):
@@ -304,7 +306,7 @@ class SWEEnv:
         return result
 
     def _finish_expected(self, result: GradeResult, task: Task, start: float, spec) -> GradeResult:
-        """R2E-style: the parsed log against the row's expected statuses (envs/parsers.py)."""
+        """R2E-style: the parsed log against the row's expected statuses (envs/log_parsers.py)."""
         with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
             f.write(result.log)
             log_path = f.name

@@ -6,7 +6,7 @@
 
 The paper's protocol: Pass@1 at temperature 1.0 and top-p 1.0, averaged over N runs (16 for
 AIME 2025, HMMT November 2025 and IMO-AnswerBench, 4 for BeyondAIME: the default for those
-datasets, named as in envs/math_data.py; 1 for others). Each (run, problem) is one rollout in
+datasets, named as in taskdata/math.py; 1 for others). Each (run, problem) is one rollout in
 a fresh sandbox with the `python` and `answer` tools (envs/math.py), its answer graded by
 math-verify. Outputs in --output: each job's `run_<k>/<id>/` (trajectory, result.json),
 `run_<k>/predictions.jsonl` (id, answer: what --predictions reads), `report.json`,
@@ -34,8 +34,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from envs.base import Task
-from envs.data import DatasetError, read_rows
-from envs.math_data import BENCHMARKS, benchmark, load_math_tasks
+from taskdata.rows import DatasetError, read_rows
+from taskdata.math import BENCHMARKS, benchmark, load_math_tasks
 from eval.agent_eval import (RolloutRecord, UsageError, add_agent_arguments, agent_settings, check_agent_arguments,
                              resolve_checkpoint)
 from sandbox.base import Limits, SandboxError

@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from envs.base import Task, make_env
-from envs.data import DatasetError, load_tasks
+from taskdata.load import load_tasks
+from taskdata.rows import DatasetError
 from eval.agent_eval import (UsageError, add_agent_arguments, agent_settings, check_agent_arguments,
                              engine_options, resolve_checkpoint)  # noqa: F401  (engine_options: our name too)
 from eval.grading import PredictionsError, grade_all, load_predictions

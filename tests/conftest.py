@@ -12,6 +12,11 @@ import pytest
 
 RUN_ID = f"pytest-{uuid.uuid4().hex[:8]}"
 os.environ.setdefault("SAO_TEST_RUN_ID", RUN_ID)
+# No hub at test time: set before anything imports huggingface_hub (it reads these once), so a
+# lookup that must fail fails at once instead of after the network's retries (20 s and more),
+# in this process and in every run the tests start.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",

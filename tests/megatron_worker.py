@@ -16,11 +16,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.mcore import cpu  # noqa: E402
+from training.learners.mcore import cpu  # noqa: E402
 
 cpu.enable()
 
-from training.mcore import model as mm  # noqa: E402
+from training.learners.mcore import model as mm  # noqa: E402
 from tests.megatron_batch import BATCH, GROUPS, make_algo  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def logits_of(chunks, ids: torch.Tensor) -> torch.Tensor | None:
                                     seq_length=T, micro_batch_size=1, forward_only=True)
     if not ps.is_pipeline_last_stage():
         return None
-    # the policy hands back its final hidden states (training/mcore/logprobs.py): logits from
+    # the policy hands back its final hidden states (training/learners/mcore/logprobs.py): logits from
     # them and this rank's vocab shard of the output weight, then the whole vocabulary
     weight = mm._unwrap(chunks[-1]).output_layer.loss_weight
     return gather_from_tensor_model_parallel_region(got[0] @ weight.t())

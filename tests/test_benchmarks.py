@@ -64,7 +64,7 @@ def test_engine_continuous_benchmark_runs_both_engines(tmp_path):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU machine the check runs for real")
 def test_gpu_engine_check_says_it_needs_a_gpu():
-    r = run("benchmarks.gpu_engine_check")
+    r = run("scripts.gpu_engine_check")
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
 
 
@@ -81,7 +81,7 @@ def test_grading_cost_benchmark_grades_all_three_ways(tmp_path, docker_client):
 def test_crash_drill_loses_no_rollout_and_leaves_no_container(docker_client):
     """Workers SIGKILLed mid-rollout: each rollout is done once, none is lost, and the sweep a
     new worker runs leaves no container (the 1,000-rollout drill is in RELIABILITY.md)."""
-    r = run("benchmarks.crash_drill", "--quick")
+    r = run("scripts.crash_drill", "--quick")
     assert r.returncode == 0, r.stderr[-6000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["done"] == result["rollouts"] == result["resolved"] == 12 and result["done_twice"] == 0
@@ -89,7 +89,7 @@ def test_crash_drill_loses_no_rollout_and_leaves_no_container(docker_client):
 
 
 def test_value_pretraining_benchmark_runs_both_ways(docker_client):
-    r = run("benchmarks.value_pretrain", "--quick")
+    r = run("experiments.value_pretrain", "--quick")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(result["cold"]) == len(result["warm"]) == 2 and len(result["pretrain_epochs"]) == 1
@@ -103,7 +103,7 @@ QUICK = ("engine=hf", "model.sft.steps=4", "model.sft.examples=64", "trainer.num
 
 def test_learning_benchmark_runs_each_algo_at_each_staleness(tmp_path, docker_client):
     out, png = tmp_path / "learning.json", tmp_path / "learning.png"
-    r = run("benchmarks.learning", "--quick", "--jobs", "2", "--output", str(out), "--plot", str(png), *QUICK)
+    r = run("experiments.learning", "--quick", "--jobs", "2", "--output", str(out), "--plot", str(png), *QUICK)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert {(c["name"], c["lag"]) for c in result["cases"]} == {("sao", 2), ("grpo", 2)}
@@ -119,7 +119,7 @@ def test_learning_benchmark_runs_each_algo_at_each_staleness(tmp_path, docker_cl
 
 
 def test_learning_resume_keeps_earlier_runs_and_refuses_other_settings(tmp_path, capsys):
-    from benchmarks import learning
+    from experiments import learning
 
     rows = [{"step": 1, "reward/mean": 0.5, "time/elapsed_s": 1.0}, {"step": 2, "reward/mean": 1.0, "time/elapsed_s": 2.0}]
     results = {"experiment": "seek", "steps": 2, "batch_size": 8, "overrides": ["engine=hf"]}
@@ -163,11 +163,11 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     out, png, runs = tmp_path / "long.json", tmp_path / "long.png", tmp_path / "runs"
     import torch
 
-    first = run("benchmarks.long_run", "--quick", "--steps", "2", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
+    first = run("experiments.long_run", "--quick", "--steps", "2", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
                 "--checkpoint-every", "1", *QUICK)
     assert first.returncode == 0, first.stderr[-3000:]
     before = json.loads(out.read_text())["runs"]
-    r = run("benchmarks.long_run", "--quick", "--steps", "4", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
+    r = run("experiments.long_run", "--quick", "--steps", "4", "--staleness", "2", "--run-dir", str(runs), "--output", str(out),
             "--plot", str(png), "--checkpoint-every", "1", "--keep-every", "1", *QUICK)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -181,22 +181,22 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
         assert kept == ["step_1", "step_2", "step_3", "step_4"]
     assert all(row["length"] > 0 for rows in result["runs"].values() for row in rows)
     assert png.stat().st_size > 0 and "worst 10-step mean after best" in r.stdout
-    other = run("benchmarks.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
+    other = run("experiments.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
     assert other.returncode == 2 and "seed 0 (now 1)" in other.stderr
     # where the runs stand, without running: steps 1 to 4 of the 10 asked
-    so_far = run("benchmarks.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(runs), "--report",
+    so_far = run("experiments.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(runs), "--report",
                  "--output", str(out), *QUICK)
     assert so_far.returncode == 0, so_far.stderr[-3000:]
     assert "so far: sao at step 4, grpo at step 4" in so_far.stdout
     reported = json.loads(out.read_text())
     assert reported["reached"] == {"sao": 4, "grpo": 4} and reported["runs"] == result["runs"]
     assert not (runs / "sao-lag2-s0" / "checkpoints" / "step_5").exists()
-    nowhere = run("benchmarks.long_run", "--report", "--run-dir", str(tmp_path / "none"))
+    nowhere = run("experiments.long_run", "--report", "--run-dir", str(tmp_path / "none"))
     assert nowhere.returncode == 2 and "holds none" in nowhere.stderr
 
 
 def test_seek_probe_counts_follows_and_the_first_moves_side():
-    from benchmarks.seek_probe import move_sides, summarise
+    from experiments.seek_probe import move_sides, summarise
 
     # 15 numbers from 8: 3 is down; from 4 still down (the move goes up, to 6); from 6 down (to 5: missed)
     assert move_sides(3, 4, ["down", "up", "down"]) == [("down", "down"), ("down", "up"), ("down", "down")]
@@ -216,14 +216,14 @@ def test_seek_probe_plays_every_number_in_sandboxes(tmp_path, docker_client):
     from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 
     model, out = build_tiny_model(DEFAULT_DIR), tmp_path / "probe.json"
-    r = run("benchmarks.seek_probe", str(model), "--games", "1", "--levels", "2", "--show", "1", "--output", str(out))
+    r = run("experiments.seek_probe", str(model), "--games", "1", "--levels", "2", "--show", "1", "--output", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     (s,) = json.loads(out.read_text())["models"].values()
     assert s["games"] == 2 and sum(s["exits"].values()) == 2  # numbers 1 and 3, one move from 2
     assert sum(s["moves"][0].values()) == 2 and "first move up" in r.stdout
     shown = r.stdout.split("first move up")[0]  # --show 1: the first game's turns, before the table
     assert ": number 1, " in shown and "  turn 1: " in shown and ": number 3, " not in shown
-    bad = run("benchmarks.seek_probe", str(tmp_path))
+    bad = run("experiments.seek_probe", str(tmp_path))
     assert bad.returncode == 2 and "neither a model folder" in bad.stderr
 
 
@@ -231,7 +231,7 @@ def test_weight_drift_measures_the_distance_moved_and_adams_own_step(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from benchmarks.weight_drift import drift, main
+    from experiments.weight_drift import drift, main
 
     def policy(folder: Path, value: float) -> None:
         folder.mkdir(parents=True)

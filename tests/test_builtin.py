@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from conftest import git
-from envs.builtin import DATASET, REPOS, SOURCES, ensure_repos, project_of, read_rows
-from envs.data import load_tasks
+from taskdata.builtin import DATASET, REPOS, SOURCES, ensure_repos, project_of, read_rows
+from taskdata.load import load_tasks
 from envs.swe import SWEEnv
 
 ROWS = read_rows()

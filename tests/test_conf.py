@@ -71,14 +71,14 @@ def test_swe_verified_sources_load_a_real_mix(monkeypatch):
     here): SWE-smith and SWE-Gym map by their names, SWE-bench Verified's rows are dropped."""
     import json
 
-    import envs.data
+    import taskdata.rows
 
     data = Path(__file__).parent / "data"
     rows = {name: [json.loads(line) for line in (data / f).read_text().splitlines()] for name, f in
             [("SWE-bench/SWE-smith", "swe_smith.jsonl"), ("SWE-Gym/SWE-Gym", "swe_gym.jsonl"),
              ("SWE-bench/SWE-bench_Verified", "swe_bench_verified.jsonl")]}
     rows["SWE-Gym/SWE-Gym"].append({**rows["SWE-Gym/SWE-Gym"][0], "instance_id": "django__django-11099"})
-    monkeypatch.setattr(envs.data, "_read_hub", lambda name, split: rows[name])
+    monkeypatch.setattr(taskdata.rows, "_read_hub", lambda name, split: rows[name])
     cfg = composed("+experiment=swe_verified")
     smith, gym = (list(instantiate(s.tasks)) for s in cfg.sources)
     assert {t.layout for t in smith} == {"swe-smith"} and len(smith) == 2

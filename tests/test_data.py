@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from envs.data import DatasetError, load_tasks
+from taskdata.load import load_tasks
+from taskdata.rows import DatasetError
 
 
 def rows_for(calc_task, n=2):

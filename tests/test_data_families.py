@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.data import DatasetError, decontaminated, layout_for, load_tasks, main
-from envs.parsers import expected_verdict, parse_log_r2e_gym, parse_log_swe_next
+from taskdata.__main__ import main
+from taskdata.load import decontaminated, layout_for, load_tasks
+from taskdata.rows import DatasetError
+from envs.log_parsers import expected_verdict, parse_log_r2e_gym, parse_log_swe_next
 
 DATA = Path(__file__).parent / "data"
 

@@ -40,7 +40,7 @@ def tokenizer(tiny):
 
 @pytest.fixture(scope="module")
 def tasks():
-    from envs.data import load_tasks
+    from taskdata.load import load_tasks
 
     return load_tasks("builtin", instance_ids=IDS)
 
@@ -327,9 +327,9 @@ def test_grading_agrees_with_swebench_on_saved_logs(path):
     from envs.swe import SWEEnv
 
     iid, kind = path.name.removesuffix(".log.gz").rsplit(".", 1)
-    rows = [json.loads(line) for line in (ROOT / "envs/builtin/tasks.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (ROOT / "taskdata/builtin/tasks.jsonl").read_text().splitlines()]
     row = next(r for r in rows if r["instance_id"] == iid)
-    from envs.data import load_tasks
+    from taskdata.load import load_tasks
 
     task = load_tasks("builtin", instance_ids=[iid])[0]
     log = gzip.decompress(path.read_bytes()).decode()

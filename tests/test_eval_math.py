@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RUN_ID
-from envs.math_data import make_math_tasks
+from taskdata.math import make_math_tasks
 from eval.math import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -134,7 +134,7 @@ def test_save_and_load_round_trip(tiny, tmp_path):
 
 
 def test_shard_rows_balances_tokens_and_covers_every_row():
-    from training.distributed import shard_rows
+    from training.collectives import shard_rows
 
     # longest first, each to the least-loaded rank: 10 -> r0, 8 -> r1, 5 -> r1 (8 < 10), 3 -> r0 (10 < 13)
     assert shard_rows([5, 10, 3, 8], 0, 2) == [1, 2] and shard_rows([5, 10, 3, 8], 1, 2) == [0, 3]

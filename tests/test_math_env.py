@@ -1,4 +1,4 @@
-"""The math env (envs/math.py, envs/math_data.py): math-verify's verdicts on tricky answers, the
+"""The math env (envs/math.py, taskdata/math.py): math-verify's verdicts on tricky answers, the
 python tool's notebook state in a real sandbox, a scripted engine that solves a problem through
 it (reward 1), the data sources and their bad rows, the experiment's settings."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.data import DatasetError
+from taskdata.rows import DatasetError
 from envs.math import MathEnv, Notebook, Verifier, judge
-from envs.math_data import BENCHMARKS, load_math_tasks, make_math_tasks
+from taskdata.math import BENCHMARKS, load_math_tasks, make_math_tasks
 
 DATA = Path(__file__).parent / "data"
 
@@ -124,7 +124,7 @@ def test_files_map_their_fields_and_bad_rows_name_file_row_and_field(tmp_path):
 
 
 def test_benchmarks_by_name_map_their_hub_fields(monkeypatch):
-    import envs.math_data
+    import taskdata.math
 
     cards = [json.loads(line) for line in (DATA / "math_hub_rows.jsonl").read_text().splitlines()]
     asked = []
@@ -133,7 +133,7 @@ def test_benchmarks_by_name_map_their_hub_fields(monkeypatch):
         asked.append((name, split))
         return [c["row"] for c in cards if c["dataset"] == name]
 
-    monkeypatch.setattr(envs.math_data, "_hub_rows", hub_rows)
+    monkeypatch.setattr(taskdata.math, "_hub_rows", hub_rows)
     aime = load_math_tasks("aime25")
     assert [(t.instance_id, t.extra["answer"]) for t in aime] == [("1", "45"), ("2", "1024")]
     assert aime[0].repo == "MathArena/aime_2025" and aime[0].extra["problem_type"] == ["Number Theory"]

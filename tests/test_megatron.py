@@ -1,4 +1,4 @@
-"""The Megatron learner on CPU (gloo, fp32, megatron's CUDA calls redirected: training/mcore/cpu.py).
+"""The Megatron learner on CPU (gloo, fp32, megatron's CUDA calls redirected: training/learners/mcore/cpu.py).
 
 - HF -> Megatron -> HF is exact and logits agree with transformers' at TP=2 and at PP=2;
 - one SAO and one GRPO step equal the torch learner's (metrics, updated HF weights) at TP=1
@@ -117,7 +117,7 @@ def test_training_run_under_torchrun_tp2_is_killed_and_resumes(tiny, tmp_path):
 def test_layouts_and_architectures_that_do_not_fit_are_named(tiny):
     from transformers import AutoConfig, GPT2Config
 
-    from training.mcore.model import HAVE_TE, Layout, LayoutError, check_layout, make_bridge
+    from training.learners.mcore.model import HAVE_TE, Layout, LayoutError, check_layout, make_bridge
 
     config = AutoConfig.from_pretrained(tiny["qwen2"])  # 2 heads, 2 key-value heads, 2 layers
     check_layout(Layout(tensor_parallel=2), config, world=2)

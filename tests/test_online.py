@@ -1,6 +1,6 @@
 """The online-learning env (envs/online.py): phases and pools follow the policy version the
 loop passes in, through the real `answer` tool in a real sandbox; bad phases are refused with
-the field named; and benchmarks/online.py runs end to end in its quick mode."""
+the field named; and experiments/online.py runs end to end in its quick mode."""
 
 import json
 import random
@@ -133,7 +133,7 @@ def test_the_loop_and_rollout_pass_the_engine_version(docker_client):
 @pytest.mark.docker
 def test_benchmark_quick_mode_runs_both_baselines(tmp_path, docker_client):
     out, plot = tmp_path / "online.json", tmp_path / "online.png"
-    r = subprocess.run([sys.executable, "-m", "benchmarks.online", "--quick", "--output", str(out), "--plot", str(plot)],
+    r = subprocess.run([sys.executable, "-m", "experiments.online", "--quick", "--output", str(out), "--plot", str(plot)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads(out.read_text())

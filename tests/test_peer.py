@@ -1,4 +1,4 @@
-"""benchmarks/peer.py in --quick mode: TRL's GRPOTrainer and the project's SAO and GRPO each
+"""experiments/peer.py in --quick mode: TRL's GRPOTrainer and the project's SAO and GRPO each
 train a few steps on the prefer env and every run reports rewards (no timings are asserted:
 they are measured in BENCHMARKS.md)."""
 
@@ -16,7 +16,7 @@ pytest.importorskip("trl", reason="TRL is not installed (the `peer` extra: pip i
 @pytest.mark.docker
 def test_peer_benchmark_quick_runs_all_three(tmp_path, docker_client):
     out, png = tmp_path / "peer.json", tmp_path / "peer.png"
-    r = subprocess.run([sys.executable, "-m", "benchmarks.peer", "--quick", "--output", str(out), "--plot", str(png)],
+    r = subprocess.run([sys.executable, "-m", "experiments.peer", "--quick", "--output", str(out), "--plot", str(png)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(out.read_text())

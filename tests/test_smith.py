@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import dedent, git
-from envs.data import load_tasks
-from envs.smith import describe_failure, mutations, problem_statement, spread
+from taskdata.load import load_tasks
+from taskgen.mutations import mutations, spread
+from taskgen.smith import describe_failure, problem_statement
 from envs.swe import SWEEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,7 +182,7 @@ def test_generator_end_to_end(tmp_path, docker_client, make_sandbox):
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "calc")
     out = tmp_path / "data" / "tasks.jsonl"
-    cmd = [sys.executable, "-m", "envs.smith", "--repo", str(repo), "--out", str(out), "--max-tasks", "2",
+    cmd = [sys.executable, "-m", "taskgen.smith", "--repo", str(repo), "--out", str(out), "--max-tasks", "2",
            "--workers", "1", "--seed", "1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,4 +1,4 @@
-"""SWE-smith's profiles as envs/smith_profiles.py has them: every log parser on a log shaped as its
+"""SWE-smith's profiles as taskdata/smith_profiles.py has them: every log parser on a log shaped as its
 tool prints it (noise lines included; the expected maps keep swesmith's quirks, which the comments
 name), the profile table, the dataset language, and the test-file scripts run by bash on small trees."""
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
-import envs.smith_profiles as sp
+import envs.smith_parsers as parsers
+import taskdata.smith_profiles as sp
 
 P, F, S, E, X = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"
 
@@ -591,7 +592,7 @@ def test_phpunit_testdox():
 
 
 def test_every_parser_is_registered_and_differs_from_swebench_where_it_must():
-    assert all(PARSER_REGISTRY[name] is fn for name, fn in sp.PARSERS.items())
+    assert all(PARSER_REGISTRY[name] is fn for name, fn in parsers.PARSERS.items())
     # swebench's own cargo / go parsers miss doc tests and package failures: why ours exist
     assert "src/lib.rs - Itertools::interleave (line 512)" not in PARSER_REGISTRY["parse_log_cargo"](CARGO, None)
     assert "github.com/gin-gonic/gin" not in PARSER_REGISTRY["parse_log_gotest"](GO, None)

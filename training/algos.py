@@ -1,7 +1,7 @@
 """The algorithms, each one small object chosen once when the config is built: how
 advantages are estimated and which policy loss is used. The learner only calls them.
 
-SAO (DESIGN.md, "The algorithm"): single rollout per prompt, ratio against the sampler's
+SAO (docs/design.md, "The algorithm"): single rollout per prompt, ratio against the sampler's
 logprobs, strict two-sided token mask, a token-level critic with skip-observation GAE (or a
 running-mean baseline, the simple alternative). GRPO: G rollouts per prompt, group-normalised
 advantages, PPO clip against pi_old (the learner's weights at the start of the step).

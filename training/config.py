@@ -77,7 +77,7 @@ def _check_source(spec, prefix: str) -> None:
 
 def _check_learner(learner) -> None:
     """What can be told before a model is read (the layout against the model's heads, layers,
-    experts and the ranks is checked when the learner is built: training/mcore/model.py)."""
+    experts and the ranks is checked when the learner is built: training/learners/mcore/model.py)."""
     _at_least(learner, "learner", ("tensor_parallel", "pipeline_parallel", "expert_parallel", "micro_batch_tokens"), 1)
     dtypes = ("auto", "float32", "bfloat16") if "megatron" in str(learner.get("_target_")) else ("float32", "bfloat16", "float16")
     if learner.get("dtype") is not None and learner.dtype not in dtypes:

@@ -61,8 +61,8 @@ def sao_policy_loss(
     1 - eps_low < r < 1 + eps_high (strict: a ratio exactly on an edge is dropped); a dropped
     token gets exactly zero gradient whatever the sign of its advantage. The loss is
     -sum(keep * r * A) / N, so a kept token's gradient w.r.t. its logprob is -r * A / N.
-    N is the token count the mean is over: the kept tokens (`mean_over="kept"`, DESIGN.md's
-    "token-level mean over the batch's unmasked tokens"), or every sampled token
+    N is the token count the mean is over: the kept tokens (`mean_over="kept"`, a token-level
+    mean over the batch's unmasked tokens; docs/design.md says why this is a choice), or every sampled token
     (`mean_over="sampled"`: dropped tokens count, so a batch with many of them takes a smaller
     step), or `normalizer` when given (a learner's whole-batch count, for micro-batches).
     An empty keep mask gives loss 0 that still backpropagates (zeros).

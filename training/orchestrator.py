@@ -349,11 +349,7 @@ class Orchestrator:
         entries = ([self._given] if self._given is not None else []) + list(self._past)
         out = []
         for weights, version in entries:
-            if not isinstance(weights, list):  # a Ray object-store handle (RayWeights)
-                import ray
-
-                weights = ray.get(weights.ref)
-            out.append((weights, version))
+            out.append((weights if isinstance(weights, list) else weights.fetch(), version))  # fetch: RayWeights
         return out
 
     def load_lag_state(self, entries: list[tuple[list, int]]) -> tuple[list, int]:

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent.chat import ChatRenderer
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
-from agent.tools import load_definitions
+from agent.tools import DEFAULT_TOOLS, load_definitions
 from envs.base import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,12 +66,13 @@ def demonstrations(envs: list[str], examples: int, rng: random.Random, seed: int
     data = []
     for i, name in enumerate(envs):
         env = make_env(name)
-        if not hasattr(env, "demonstrations"):
-            raise ValueError(f"model.sft.envs: env {name!r} has no demonstrations to warm start on")
         n = examples // len(envs) if i < len(envs) - 1 else examples - (len(envs) - 1) * (examples // len(envs))
-        renderer = ChatRenderer(tokenizer, load_definitions(names=env.tools))
-        data += [encode_demo(renderer, env.system_prompt, convo)
-                 for convo in env.demonstrations(n, rng, seed=seed, max_operand=max_operand)]
+        renderer = ChatRenderer(tokenizer, load_definitions(names=env.tools or DEFAULT_TOOLS))
+        try:
+            convos = env.demonstrations(n, rng, seed=seed, max_operand=max_operand)
+        except NotImplementedError as e:
+            raise ValueError(f"model.sft.envs: {e}") from None
+        data += [encode_demo(renderer, env.system_prompt, convo) for convo in convos]
     return data
 
 

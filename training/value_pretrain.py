@@ -32,12 +32,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import AutoTokenizer
 
 from agent.rollout import rollout_and_grade
-from sandbox.base import Limits, SandboxError
+from sandbox.base import SandboxError
 from sandbox.docker import client as docker_client
 from sandbox.pool import SandboxPool
 from training.config import ConfigError, check
+from training.console import console, say_error
+from training.factories import build_engine, make_algo, make_pool, make_source, prepare_model
 from training.orchestrator import TaskSampler
-from training.run import build_engine, console, make_algo, make_source, prepare_model
 
 
 def collect(cfg: DictConfig, sampler: TaskSampler, pool: SandboxPool, n: int) -> list:
@@ -90,7 +91,7 @@ def main(cfg: DictConfig) -> None:
     try:
         check(cfg)
         algo = make_algo(cfg)
-        if not getattr(algo, "uses_critic", False):
+        if not algo.uses_critic:
             raise ConfigError(f"config field algo = {cfg.algo._target_!r}: value pretraining fits a critic, and this "
                               "algo has none (use algo=sao with algo.baseline=critic)")
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -100,7 +101,7 @@ def main(cfg: DictConfig) -> None:
             raise ConfigError(f"config field value_pretrain = {dict(vp)!r}: rollouts and epochs must be >= 1")
         docker_client()
     except (ConfigError, SandboxError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        say_error(e)
         sys.exit(2)
     transformers.utils.logging.disable_progress_bar()  # loading and writing bars would break up the run's own
     out = Path(vp.output)
@@ -110,8 +111,7 @@ def main(cfg: DictConfig) -> None:
                                        seed=cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = build_engine(cfg.engine, model_path)
-    pool = SandboxPool(f"{cfg.run_id}-value", instantiate(cfg.sandbox) if "_target_" in cfg.sandbox else Limits(),
-                       max_live=2 * cfg.trainer.num_workers + 1, warm=cfg.sandbox.get("warm_pool", 0))
+    pool = make_pool(cfg, f"{cfg.run_id}-value", max_live=2 * cfg.trainer.num_workers + 1)
     try:
         sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
         rollouts = collect(cfg, sampler, pool, vp.rollouts)

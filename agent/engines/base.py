@@ -11,6 +11,38 @@ from typing import Iterable, Protocol
 import torch
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def is_hub_name(name: str) -> bool:
+    """`owner/model`, as a hub names a model: one slash, not a path (., / or ~ first)."""
+    return not name.startswith((".", "/", "~")) and name.count("/") == 1
+
+
+def resolve_dtype(dtype: str = "auto") -> str:
+    """`auto` is bfloat16 where CUDA is available (real-size models are trained and served in
+    it), else float32 (CPU kernels for half precision are slow or missing); others pass as given."""
+    if dtype == "auto":
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose auto or one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def resolve_device(device: str = "auto") -> str:
+    """`auto` is cuda where it is available, else cpu; a CUDA device asked for on a machine
+    without CUDA is refused here, not at the first generation."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from e
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    return device
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion. temperature 0 is greedy (logprobs of the raw distribution)."""

@@ -9,8 +9,7 @@ from typing import Iterable
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from agent.engines import resolve_device, resolve_dtype
-from agent.engines.base import Completion, SamplingParams
+from agent.engines.base import Completion, SamplingParams, resolve_device, resolve_dtype
 
 
 def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

@@ -10,7 +10,7 @@ live replica (the rollout goes on; nothing is counted twice), and the replica is
 (`restart`) and given the latest weights before it serves again.
 
 `Balancer` is the choice alone (no engines, no threads), shared by the in-process router here
-and the Ray router (`training/ray_runtime.py`).
+and the Ray router (`training/runtime/ray.py`).
 """
 
 from __future__ import annotations

@@ -24,8 +24,16 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
 
 # warnings vLLM repeats on every call that say nothing is wrong, by the logger that says them:
-# the CPU backend's thread count (already fixed), and the rotary embedding on a weight reload
-# (it has no weights; its tables are computed)
+# - the CPU backend's thread count (already fixed);
+# - "RotaryEmbedding: Failed to load weights", once per weight sync (every learner step):
+#   vllm/model_executor/model_loader/reload/layerwise.py, finalize_layerwise_processing() (line
+#   266 in vLLM 0.32.0), run at the end of every reload (`reload_weights`, and the weight-transfer
+#   API's `finish_weight_update`), warns for each module that got no weights but holds tensors.
+#   The rotary embedding (one module, shared by all layers) holds only its cos/sin table
+#   (`cos_sin_cache`, a non-persistent buffer computed from rope_theta, in no checkpoint and no
+#   learner's state dict), which that function then puts back as it was (_place_kernel_tensors).
+#   Only that module's line is dropped: the same warning for any other module means a weight was
+#   left out of the sync, and still shows.
 KNOWN_NOISE = {
     "vllm.v1.worker.cpu_worker": "doesn't allow to use `torch.set_num_threads`",
     "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
@@ -43,7 +51,11 @@ class _DropKnownNoise(logging.Filter):
 
 def _quiet_known_noise() -> None:
     """Filters on the loggers themselves: vLLM sets up its handlers only inside LLM(), and
-    a logger's own filter holds before and after that."""
+    a logger's own filter holds before and after that. A filter holds only in the process that
+    sets it, so this runs in each process vLLM logs from: here (the blocking engine, the async
+    engine's front end) and, by the plugin hook `agent.engines.vllm_transfer.register`, in the
+    async engine's engine-core and worker processes, which vLLM starts by spawn (nothing set in
+    this process reaches them) and where the reload warning is printed."""
     for name, text in KNOWN_NOISE.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropKnownNoise) for f in logger.filters):

@@ -59,7 +59,7 @@ class AsyncVLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from agent.engines.vllm import _quiet_known_noise, cpu_workarounds
 
-        _quiet_known_noise()
+        _quiet_known_noise()  # in this process; the engine's own processes get it from the plugin hook
         cpu_workarounds(engine_kwargs, max_model_len)
         from agent.engines.vllm_transfer import register
 

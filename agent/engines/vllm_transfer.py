@@ -178,8 +178,15 @@ class TensorsSource(WeightSource):
 
 
 def register() -> None:
-    """vLLM's plugin hook (run in each of its processes; safe to run again)."""
+    """vLLM's plugin hook (run in each of its processes; safe to run again). It also quiets
+    vLLM's known noise there: the async engine's core and workers are processes of their own,
+    and the rotary embedding's "Failed to load weights" at every sync is printed by the one that
+    holds the model (a worker, or the engine core itself), not by the learner's."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    from agent.engines.vllm import _quiet_known_noise
+
+    _quiet_known_noise()
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, InlineWeightTransferEngine)

@@ -7,7 +7,7 @@ torch learner (`training/learners/torch.py`); the algorithms and losses are the 
     torchrun --nproc-per-node 8 -m training.run learner=megatron learner.tensor_parallel=4
 
 Every rank builds the learner; rank 0 drives it and the others follow its commands
-(`training/distributed.py`), since step, weight export, save and load are collectives here.
+(`training/runtime/`), since step, weight export, save and load are collectives here.
 
 A step, in order (as the torch learner's): pack; one forward-only pass of each model for
 pi_old logprobs and values (this data-parallel rank's rows, summed over the data-parallel
@@ -18,7 +18,7 @@ megatron's per-token mode: a micro-batch returns its loss summed over its tokens
 number of tokens it adds to the mean, and megatron divides the gradient by the whole batch's
 count over micro-batches and data-parallel ranks, which is the torch learner's token mean.
 Logprobs come from the final hidden states and each rank's vocab shard of the output weight,
-a chunk of tokens at a time (`training/mcore/logprobs.py`): no rank ever holds more than
+a chunk of tokens at a time (`training/learners/mcore/logprobs.py`): no rank ever holds more than
 chunk x vocab / tensor-parallel logits.
 """
 
@@ -38,12 +38,13 @@ from transformers import AutoTokenizer
 from agent.trajectory import Trajectory
 from training import losses
 from training.batch import Batch, pack
-from training.distributed import shard_rows
+from training.collectives import shard_rows
 from training.learners.metrics import accumulate, batch_metrics, policy_health
-from training.mcore import cpu as mcore_cpu
-from training.mcore import model as mm
-from training.mcore.logprobs import vocab_parallel_logprobs
-from training.mcore.packing import Packed, pack_rows, token_budget_parts
+from training.learners.mcore import cpu as mcore_cpu
+from training.learners.mcore import model as mm
+from training.learners.mcore.logprobs import vocab_parallel_logprobs
+from training.learners.mcore.packing import Packed, pack_rows, token_budget_parts
+from training.learners.base import LayoutError
 
 
 class _Model:
@@ -374,7 +375,7 @@ class MegatronLearner:
         now = self._layout_record()
         for field in ("tensor_parallel", "pipeline_parallel", "expert_parallel", "data_parallel", "distributed_optimizer", "critic"):
             if saved.get(field) != now.get(field):
-                raise mm.LayoutError(f"{path}: saved with {field}={saved.get(field)!r}, this run has "
+                raise LayoutError(f"{path}: saved with {field}={saved.get(field)!r}, this run has "
                                      f"learner.{field}={now.get(field)!r}; resume with the saved layout")
         for name, model in self._models():
             state = dist_checkpointing.load(self._sharded_state(model, loading=True), str(path / "megatron" / name))

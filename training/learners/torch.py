@@ -1,7 +1,7 @@
 """The torch learner: policy and token-level critic (same architecture, same checkpoint),
 AdamW, gradient clipping, token-budget micro-batches with accumulation, K critic steps per
 policy step, critic-only warm-up, chunked logprobs. One process (CPU or one GPU), or one
-replica per rank under torch.distributed (`training/distributed.py`): each rank steps on its
+replica per rank under torch.distributed (`training/collectives.py`, started by `training/runtime/local.py`): each rank steps on its
 share of the batch's rows and gradients are summed over ranks.
 
 A step, in order: pack the batch; one no-grad pass for values and pi_old logprobs; the
@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 from transformers.utils import logging as hf_logging
 
 from agent.trajectory import Trajectory
-from training import distributed, losses
+from training import collectives, losses
 from training.batch import Batch, micro_batch_rows, pack
 from training.learners.metrics import accumulate, batch_metrics, policy_health
 from training.logprobs import token_logprobs
@@ -32,6 +32,9 @@ def _rows(t: torch.Tensor, rows: list[int], length: int) -> torch.Tensor:
 
 
 class TorchLearner:
+    collective = False  # each rank holds a replica: only the step runs on every rank
+    layout_summary = None  # data parallel only
+
     def __init__(
         self,
         model_path: str,
@@ -47,7 +50,7 @@ class TorchLearner:
         seed: int = 0,
     ):
         torch.manual_seed(seed)
-        self.dist = distributed.current()
+        self.dist = collectives.current()
         if device == "cuda" and self.dist.world > 1:
             device = f"cuda:{self.dist.local_rank}"
         self.algo = algo
@@ -95,7 +98,7 @@ class TorchLearner:
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
         batch = self._to(pack(trajectories, self.pad_id, group_ids))
         # this rank's rows (all of them in one process), in token-budget micro-batches
-        mine = distributed.shard_rows(batch.attention_mask.sum(1).tolist(), self.dist.rank, self.dist.world)
+        mine = collectives.shard_rows(batch.attention_mask.sum(1).tolist(), self.dist.rank, self.dist.world)
         parts = self._micro_batches(batch, mine)
         n_sampled = max(batch.num_sampled, 1)  # of the whole batch, on every rank
         B, L = batch.input_ids.shape
@@ -110,9 +113,9 @@ class TorchLearner:
                     values[torch.tensor(rows), :n] = self._values(mb)
         # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's, so
         # each rank computes the same advantages
-        distributed.sum_(old_logp)
+        collectives.sum_(old_logp)
         if values is not None:
-            distributed.sum_(values)
+            collectives.sum_(values)
         advantages, returns = self.algo.advantages(batch, values)
         metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
@@ -145,8 +148,8 @@ class TorchLearner:
             loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
             loss.backward()
             accumulate(acc, m, mb.num_sampled / n_sampled)
-        distributed.sum_gradients(self.critic)
-        acc = distributed.sum_metrics(acc)
+        collectives.sum_gradients(self.critic)
+        acc = collectives.sum_metrics(acc)
         acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
         self.critic_opt.step()
         return dict(acc)
@@ -167,7 +170,7 @@ class TorchLearner:
         acc: dict[str, float] = defaultdict(float)
         for i in range(M):
             share = list(range(i, len(batch), M))
-            mine = [share[j] for j in distributed.shard_rows([lengths[r] for r in share], self.dist.rank, self.dist.world)]
+            mine = [share[j] for j in collectives.shard_rows([lengths[r] for r in share], self.dist.rank, self.dist.world)]
             n_loss = max(self.algo.loss_tokens(batch, share, old_logp), 1.0)  # the share's token-mean denominator
             n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)  # metrics are means over sampled tokens
             for k, v in self._policy_step(batch, self._micro_batches(batch, mine), advantages, old_logp,
@@ -185,8 +188,8 @@ class TorchLearner:
                                             _rows(old_logp, rows, n), n_loss)
             loss.backward()
             accumulate(acc, m, mb.num_sampled / n_sampled)
-        distributed.sum_gradients(self.policy)
-        acc = distributed.sum_metrics(acc)
+        collectives.sum_gradients(self.policy)
+        acc = collectives.sum_metrics(acc)
         acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
         self.policy_opt.step()
         return dict(acc)

@@ -15,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from envs.data import load_tasks  # noqa: E402
+from taskdata.load import load_tasks  # noqa: E402
 from envs.swe import SWEEnv  # noqa: E402
 from sandbox.pool import SandboxPool  # noqa: E402
 

@@ -1,0 +1,291 @@
+"""TRL's GRPOTrainer (the peer a user would pick instead) beside this project's SAO and GRPO,
+on the same env, prompts and model: reward against samples and against wall time, one run.
+
+    python -m experiments.peer [--steps 16] [--batch-size 16] [--engine auto] [--quick]
+        [--output FILE.json] [--plot FILE.png] [overrides ...]
+
+The env is `prefer` (a hidden preferred digit named through the `answer` tool), the model the
+embedded tiny one after its SFT warm start (`training.run.prepare_model`, the same cached
+checkpoint). SAO and GRPO are `python -m training.run +experiment=peer_prefer algo=...`, read
+from their `metrics.jsonl`. TRL gets the same prompts rendered by the project's ChatRenderer
+(system prompt, tool definitions, generation prompt) and a reward function that runs the
+completion's tool calls through the project's parser, ToolBox and the env's own grader, each
+in a real sandbox of its own, as a project rollout is. Settings are matched where TRL allows; the
+rest is listed in the output (UNMATCHED).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from statistics import mean
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+from transformers import TrainerCallback
+
+from benchmarks.common import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console(stderr=True)
+RUNS = ("trl_grpo", "sao", "grpo")
+LABELS = {"trl_grpo": "TRL GRPOTrainer", "sao": "project SAO", "grpo": "project GRPO"}
+GROUP_SIZE = 8  # GRPO-style group, TRL's num_generations and the project's algo.group_size
+MINIBATCHES = 4  # the project's GRPO: optimizer steps per batch against one pi_old (conf/algo/grpo.yaml)
+UNMATCHED = [
+    "sampling engine: the project samples with its engine (`--engine`, vLLM's CPU build under auto); "
+    "TRL with transformers' model.generate (its vLLM path needs CUDA)",
+    "sandbox: each project rollout runs in a Docker container from the start (the answer tool writes "
+    "a file there, the env grades it in place); TRL's reward function makes the container only after "
+    "generation, for the tools and the grading (trainer.num_workers at a time)",
+    "streaming: the project trains as rollouts arrive (trainer.mode=async, 2 workers, staleness up to 4); "
+    "TRL generates a whole batch, then trains on it (on-policy)",
+    "SAO has no TRL counterpart (group size 1, a critic with 5 critic-only warm-up steps); "
+    "TRL is matched to the project's GRPO",
+    "group-normalised advantage: TRL divides by std + 1e-4, the project by std + 1e-6",
+    "prompt order: TRL's sampler shuffles the same 256 prompts its own way; the project's TaskSampler its way",
+]
+
+
+# -- the project's runs ----------------------------------------------------------------------
+def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
+    """One `training.run` of `algo` on the prefer env; its reward curve from metrics.jsonl."""
+    cmd = [sys.executable, "-m", "training.run", "+experiment=peer_prefer", f"algo={algo}",
+           f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch_size}",
+           f"trainer.checkpoint_every={args.steps}", f"engine={args.engine}", "resume=false",
+           f"output_dir={out}", f"run_id=bench-peer-{algo}-{int(time.time())}", *args.overrides]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    process_s = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{algo} run failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
+    rows = read_jsonl(out / "metrics.jsonl")
+    curve = [{"step": row["step"], "samples": row["step"] * args.batch_size, "reward": row["reward/mean"],
+              "elapsed_s": row["time/elapsed_s"]} for row in rows]
+    return {"curve": curve, "process_s": process_s}
+
+
+# -- TRL's run -------------------------------------------------------------------------------
+def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
+    """TRL's GRPOTrainer on the prefer prompts, the project's settings where TRL has them."""
+    import torch
+    from datasets import Dataset
+    from hydra.utils import instantiate
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agent.chat import ChatRenderer
+    from agent.loop import AgentConfig
+    from agent.tools import ToolBox
+    from sandbox.pool import SandboxPool
+    from training.factories import make_source_env
+
+    spec = cfg.sources[0]
+    env, tasks = make_source_env(spec), {t.instance_id: t for t in instantiate(spec.tasks)}
+    agent = AgentConfig(**{**OmegaConf.to_container(cfg.agent), **OmegaConf.to_container(spec.agent)})
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    def toolbox(task, sandbox):  # as agent.loop builds one for a rollout of this env
+        handlers = env.tool_handlers(task, sandbox) if hasattr(env, "tool_handlers") else None
+        return ToolBox(sandbox, tools=env.tools, default_timeout_s=agent.command_timeout_s,
+                       max_output_bytes=agent.max_observation_bytes, handlers=handlers)
+
+    pool = SandboxPool(f"bench-peer-{int(time.time())}", limits=instantiate(cfg.sandbox),
+                       max_live=cfg.trainer.num_workers)
+    first = next(iter(tasks.values()))
+    with pool.sandbox(env.image_for(first)) as sb:  # the prompts, as a rollout's reset gives them
+        renderer = ChatRenderer(tokenizer, toolbox(first, sb).definitions, agent.family)
+        prompts = {k: renderer.render([{"role": "system", "content": env.system_prompt},
+                                       {"role": "user", "content": env.reset(t, sb)}], add_generation_prompt=True)
+                   for k, t in tasks.items()}
+    dataset = Dataset.from_list([{"prompt": text, "instance_id": k} for k, text in prompts.items()])
+    log = RewardLog(args.batch_size)
+
+    def one_reward(ids, key) -> float:
+        """1.0 iff the completion's tool calls, run as the agent runs them in a fresh sandbox,
+        answer the preferred digit."""
+        ids = list(ids)
+        text = renderer.decode(ids[:-1] if ids and ids[-1] == eos_id else ids)  # as agent.loop decodes
+        parsed, task = renderer.parse(text), tasks[key]
+        with pool.sandbox(env.image_for(task)) as sandbox:
+            env.reset(task, sandbox)
+            tools = toolbox(task, sandbox)
+            for call in parsed.calls:  # agent.loop.Agent._act: in order, until one ends the episode
+                if tools.run(call.name, call.arguments).submitted:
+                    break
+            return float(env.grade(task, sandbox).resolved)
+
+    def prefer_reward(prompts, completions, completion_ids, instance_id, **_) -> list[float]:
+        with ThreadPoolExecutor(cfg.trainer.num_workers) as workers:
+            rewards = list(workers.map(one_reward, completion_ids, instance_id))
+        log.pending.extend(rewards)
+        return rewards
+
+    lr = cfg.model.algo_overrides.lr_policy  # the tiny model's, as make_algo gives SAO and GRPO
+    grpo = OmegaConf.load(ROOT / "conf" / "algo" / "grpo.yaml")  # its clip range: TRL's epsilon, epsilon_high
+    trl_args = GRPOConfig(
+        output_dir=str(out), seed=cfg.seed, report_to="none", save_strategy="no", disable_tqdm=True,
+        logging_steps=MINIBATCHES, bf16=False, use_cpu=True,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        num_generations=GROUP_SIZE, per_device_train_batch_size=args.batch_size // MINIBATCHES,
+        steps_per_generation=MINIBATCHES, gradient_accumulation_steps=1, num_iterations=1,
+        max_steps=args.steps * MINIBATCHES, max_completion_length=spec.agent.max_new_tokens,
+        temperature=agent.temperature, top_p=agent.top_p, top_k=0, beta=0.0,
+        epsilon=grpo.eps_low, epsilon_high=grpo.eps_high,
+        scale_rewards="group", loss_type="bnpo",  # bnpo: a token mean over each minibatch, as ppo_clip_loss
+    )
+    t0 = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=prefer_reward, args=trl_args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[log])
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts; RewardLog prints one line a step
+    try:
+        trainer.train()
+    finally:
+        pool.close()
+    return {"curve": log.rows, "process_s": time.monotonic() - t0,
+            "settings": {k: getattr(trl_args, k) for k in (
+                "learning_rate", "lr_scheduler_type", "num_generations", "per_device_train_batch_size",
+                "steps_per_generation", "generation_batch_size", "max_steps", "max_completion_length",
+                "temperature", "top_p", "beta", "epsilon", "epsilon_high", "scale_rewards", "loss_type")}}
+
+
+class RewardLog(TrainerCallback):
+    """One row per generation batch: the rewards the reward function gave it, and the wall
+    time when the last of its optimizer steps ended (as the project's `time/elapsed_s`)."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size, self.pending, self.rows, self.t0 = batch_size, [], [], 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0 = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.steps_per_generation:
+            return
+        step = state.global_step // args.steps_per_generation
+        self.rows.append({"step": step, "samples": step * self.batch_size, "reward": mean(self.pending),
+                          "elapsed_s": time.monotonic() - self.t0})
+        console.print(f"trl step {step}  reward {mean(self.pending):.3f}  {self.rows[-1]['elapsed_s']:.1f}s")
+        self.pending = []
+
+
+# -- the comparison --------------------------------------------------------------------------
+def summary(run: dict) -> dict:
+    """Reward over the first and the last 20% of samples, samples per second of training,
+    training wall time (from the start of the training loop to the end of the last step) and
+    the run's whole time: the subprocess of a project run (start-up: model, engine, Docker),
+    TRL's from loading the model (its import, which loads vLLM, is not counted)."""
+    curve = run["curve"]
+    total = curve[-1]["samples"]
+    tail = [r["reward"] for r in curve if r["samples"] > 0.8 * total] or [curve[-1]["reward"]]
+    head = [r["reward"] for r in curve if r["samples"] <= 0.2 * total] or [curve[0]["reward"]]
+    wall = curve[-1]["elapsed_s"]
+    return {"samples": total, "reward_first_20pct": mean(head), "reward_last_20pct": mean(tail),
+            "samples_per_s": total / wall, "train_s": wall, "process_s": run["process_s"]}
+
+
+def plot(results: dict, path: Path, window: int = 4) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name in RUNS:
+        curve = results[name]["curve"]
+        reward = [r["reward"] for r in curve]
+        smooth = [mean(reward[max(0, i - window + 1): i + 1]) for i in range(len(reward))]
+        for ax, x in zip(axes, ("samples", "elapsed_s")):
+            xs = [r[x] for r in curve]
+            line, = ax.plot(xs, smooth, "-", lw=2, label=LABELS[name])
+            ax.plot(xs, reward, "o", ms=3, alpha=0.3, color=line.get_color())
+    axes[0].set_xlabel("samples (completions graded)")
+    axes[1].set_xlabel("training wall seconds")
+    axes[0].set_ylabel(f"reward (dots: a batch; line: mean of last {window})")
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[1].legend(loc="lower right")
+    fig.suptitle("prefer env, tiny Qwen2 after SFT: TRL GRPOTrainer vs this project's SAO and GRPO")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def composed(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=["+experiment=peer_prefer", *overrides])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.peer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=16, help="learner steps of each run (TRL: generation batches)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per step, a multiple of 8 (a GRPO group)")
+    p.add_argument("--engine", default="auto", help="the project's engine (auto: vLLM where installed)")
+    p.add_argument("--quick", action="store_true", help="2 steps of 8 samples each, engine hf, a 10-step SFT (tests)")
+    p.add_argument("--output", type=Path, help="the raw curves and summaries as JSON")
+    p.add_argument("--plot", type=Path, help="reward vs samples and vs wall seconds (PNG)")
+    p.add_argument("overrides", nargs="*", help="more training.run overrides, for all three runs (model.* too)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.batch_size, args.engine = 2, 8, "hf"
+        args.overrides = ["model.sft.steps=10", *args.overrides]
+    if args.batch_size % GROUP_SIZE or args.batch_size % MINIBATCHES:
+        p.error(f"--batch-size {args.batch_size}: must be a multiple of {GROUP_SIZE} (whole groups) "
+                f"and of {MINIBATCHES} (GRPO's minibatches)")
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM")  # its vLLM path is not used
+    try:
+        import trl
+    except ImportError:
+        p.error("TRL is not installed: pip install -e '.[peer]'")
+    from training.factories import prepare_model
+
+    cfg = composed(args.overrides)
+    model_path = prepare_model(cfg.model)  # the cached SFT checkpoint every run starts from
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="sao-peer-") as tmp:
+        console.print(f"TRL {trl.__version__} GRPOTrainer: {args.steps} x {args.batch_size} samples")
+        results["trl_grpo"] = trl_run(cfg, model_path, args, Path(tmp) / "trl")
+        for algo in ("sao", "grpo"):
+            console.print(f"project {algo}: {args.steps} x {args.batch_size} samples")
+            results[algo] = project_run(algo, args, Path(tmp) / algo)
+    for name in RUNS:
+        results[name]["summary"] = summary(results[name])
+
+    table = Table(title=f"prefer env, tiny model after SFT: {args.steps} steps x {args.batch_size} samples "
+                        f"(project engine {args.engine}; TRL {trl.__version__})")
+    for col in ("run", "samples", "reward first 20%", "reward last 20%", "samples/s", "train s", "process s"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for name in RUNS:
+        s = results[name]["summary"]
+        table.add_row(LABELS[name], str(s["samples"]), f"{s['reward_first_20pct']:.3f}", f"{s['reward_last_20pct']:.3f}",
+                      f"{s['samples_per_s']:.2f}", f"{s['train_s']:.0f}", f"{s['process_s']:.0f}")
+    Console(width=140).print(table)
+    Console(width=140).print("settings not matched:\n" + "\n".join(f"- {u}" for u in UNMATCHED))
+    report = {"steps": args.steps, "batch_size": args.batch_size, "engine": args.engine, "model": model_path,
+              "trl_version": trl.__version__, "lr_policy": cfg.model.algo_overrides.lr_policy,
+              "max_new_tokens": cfg.sources[0].agent.max_new_tokens, "unmatched": UNMATCHED, "runs": results}
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=2))
+    if args.plot:
+        plot(results, args.plot)
+    print(json.dumps({name: results[name]["summary"] for name in RUNS}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

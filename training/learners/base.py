@@ -1,0 +1,38 @@
+"""The learner protocol every backend implements (torch.py, megatron.py), and `LayoutError`.
+
+A learner owns the policy (and the critic, for algos that use one) and its optimizers. The
+orchestrator calls `step` with a batch of trajectories, then hands `state_dict_for_engine()`
+to the engine; `save` / `load` are the checkpoint's learner part. A learner whose ranks hold
+shards (`collective`: Megatron) runs step, weight export, save and load on every rank together;
+one whose ranks hold replicas (torch) runs them on rank 0 alone, but for the step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from agent.trajectory import Trajectory
+
+
+class LayoutError(ValueError):
+    """A parallel layout that does not fit the model, the world, or a checkpoint (said with the
+    field and the value)."""
+
+
+class Learner(Protocol):
+    version: int  # policy updates made: the version the engine samples with after a sync
+    collective: bool  # every rank takes part in step, weights, save and load (shards, not replicas)
+    layout_summary: str | None  # the parallel layout in words, for the run's first lines
+
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+        """One optimizer step (critic updates included) on this batch; namespaced metrics."""
+
+    def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's weights under the engine's (HF) names."""
+
+    def save(self, path: str | Path) -> None: ...
+
+    def load(self, path: str | Path) -> None: ...

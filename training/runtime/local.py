@@ -1,0 +1,110 @@
+"""runtime=local: the whole run in this process, or rank 0 of a torchrun group.
+
+    torchrun --nproc-per-node N -m training.run [overrides]
+
+Rank 0 runs everything a one-process run does (engine, sandboxes, the stream, checkpoints)
+and drives the learner; every other rank builds its part of the learner (a replica of the
+torch learner's policy and critic, or its Megatron shard) and only follows (`follow`): rank 0
+broadcasts each command (a step's trajectories, weights for the engine, a checkpoint to save or
+load, stop), and each rank carries it out (`runtime.base.run_command`). The torch learner's
+replicas take part in the step alone; the Megatron learner's shards in every command.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from training import collectives
+from training.console import console
+from training.factories import make_learner, prepare_model
+from training.learners.base import Learner
+from training.runtime.base import run_command
+
+
+class LearnerGroup:
+    """Rank 0's handle on the learner: each command the other ranks take part in is sent to
+    them first, then run here; the rest (version, the replica's weights) is rank 0's own."""
+
+    def __init__(self, learner: Learner, world: int):
+        self.learner, self.world = learner, world
+
+    def __getattr__(self, name):
+        return getattr(self.learner, name)
+
+    def _run(self, command: str, *args, everywhere: bool = True):
+        if everywhere:
+            dist.broadcast_object_list([(command, *args)], src=0)
+        return run_command(self.learner, self.world, command, *args)
+
+    def step(self, trajectories, group_ids=None):
+        return self._run("step", trajectories, group_ids)
+
+    def state_dict_for_engine(self):
+        return self._run("weights", everywhere=self.learner.collective)
+
+    def save(self, path) -> None:
+        self._run("save", str(path), everywhere=self.learner.collective)
+
+    def load(self, path) -> None:
+        self._run("load", str(path))
+
+    def close(self) -> None:
+        dist.broadcast_object_list([("stop",)], src=0)
+        dist.destroy_process_group()
+
+
+def follow(learner: Learner, world: int) -> None:
+    """Carry out rank 0's commands on this rank's learner until it says stop. A SIGTERM or
+    Ctrl-C (torchrun passes them to every rank) is rank 0's to act on: it saves, with this
+    rank's part, and then says stop."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        command, *args = box[0]
+        if command == "stop":
+            dist.destroy_process_group()
+            return
+        try:
+            run_command(learner, world, command, *args)
+        except ValueError:  # a checkpoint this learner refuses (load): rank 0 says why, then sends stop
+            if command != "load":
+                raise
+
+
+class LocalRuntime:
+    """This process (rank 0 of `WORLD_SIZE` under torchrun): the learner is built here, the
+    engine and rollouts by the run itself."""
+
+    engine = None
+    rollout = None
+
+    def __init__(self, cfg: DictConfig):
+        self.rank = collectives.init_from_env()
+        self.is_main = self.rank.is_main
+        path = prepare_model(cfg.model) if self.is_main else None
+        self.model_path = collectives.broadcast_object(path) if self.rank.world > 1 else path
+        learner = make_learner(cfg, self.model_path)  # a LayoutError is raised on every rank alike
+        if self.rank.world > 1 and self.is_main:
+            console.print(f"learner: {self.rank.world} ranks, {learner.layout_summary}" if learner.layout_summary
+                          else f"learner: {self.rank.world} data-parallel ranks")
+            learner = LearnerGroup(learner, self.rank.world)
+        self.learner = learner
+
+    def follow(self) -> int:
+        follow(self.learner, self.rank.world)
+        return 0
+
+    def close(self) -> None:
+        if self.rank.world > 1 and self.is_main:
+            self.learner.close()
+
+    def __enter__(self) -> "LocalRuntime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
