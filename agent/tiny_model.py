@@ -9,6 +9,8 @@ load the saved directory like any HF checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -82,10 +84,20 @@ def build_tiny_model(out: Path = DEFAULT_DIR, seed: int = 0, force: bool = False
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    # written beside and renamed into place: no half-written model after a crash, and of two
+    # processes building it at once the first rename wins (the same bytes either way)
+    staging = out.with_name(f".{out.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model.save_pretrained(staging)
+    GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    if force or not (out / "tokenizer.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        staging.rename(out)
+    except OSError:  # built meanwhile by another process
+        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 

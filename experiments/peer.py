@@ -5,7 +5,7 @@ on the same env, prompts and model: reward against samples and against wall time
         [--output FILE.json] [--plot FILE.png] [overrides ...]
 
 The env is `prefer` (a hidden preferred digit named through the `answer` tool), the model the
-embedded tiny one after its SFT warm start (`training.run.prepare_model`, the same cached
+embedded tiny one after its SFT warm start (`training.factories.prepare_model`, the same cached
 checkpoint). SAO and GRPO are `python -m training.run +experiment=peer_prefer algo=...`, read
 from their `metrics.jsonl`. TRL gets the same prompts rendered by the project's ChatRenderer
 (system prompt, tool definitions, generation prompt) and a reward function that runs the

@@ -222,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--kill-every", type=float, default=4.0, help="mean seconds between kills")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="12 full rollouts, 2 workers, a kill every 3 s (for the test)")
+    p.add_argument("--quick", action="store_true", help="8 full rollouts, 2 workers, a kill every 3 s (for the test)")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
     if args.quick:
-        args.rollouts, args.workers, args.kill_every, args.kind = 12, 2, 3.0, "full"
+        args.rollouts, args.workers, args.kill_every, args.kind = 8, 2, 3.0, "full"
     console = Console(stderr=True)
     columns = [TextColumn("crash drill"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("kills {task.fields[kills]}")]

@@ -84,7 +84,7 @@ def test_crash_drill_loses_no_rollout_and_leaves_no_container(docker_client):
     r = run("scripts.crash_drill", "--quick")
     assert r.returncode == 0, r.stderr[-6000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
-    assert result["done"] == result["rollouts"] == result["resolved"] == 12 and result["done_twice"] == 0
+    assert result["done"] == result["rollouts"] == result["resolved"] == 8 and result["done_twice"] == 0
     assert result["kills"] >= 1 and result["containers_left"] == 0
 
 

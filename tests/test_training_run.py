@@ -4,6 +4,7 @@ checkpoints loadable with from_pretrained, and a killed run that resumes losing 
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -235,7 +236,11 @@ def test_grpo_and_sync_mode_run_in_the_same_pipeline(tmp_path, docker_client, ov
 
 def test_torchrun_runs_data_parallel_ranks_and_resumes(tmp_path, docker_client):
     out = tmp_path / "run"
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "training.run",
+    with socket.socket() as sock:  # a port of its own: another test may run torchrun beside it (pytest -n)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(port), "-m", "training.run",
               "+debug=tiny", "engine=hf", f"output_dir={out}", f"run_id={RUN_ID}",
               "model.algo_overrides.critic_warmup_steps=0"]
     r = subprocess.run(launch, cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
+import shutil
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -45,9 +47,18 @@ def prepare_model(model_cfg: DictConfig) -> str:
     out = DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}")
     if not (out / "stage.json").exists():
         console.print(f"SFT warm start: {model_cfg.sft.steps} steps on generated demonstrations -> {out}")
-        sft(path, out, model_cfg.sft.steps, model_cfg.sft.examples, lr=model_cfg.sft.lr,
+        # made beside and renamed into place: a run killed mid-way leaves no half-written model,
+        # and of two runs making the same one at once (side by side) the first rename wins
+        staging = out.with_name(f".{out.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        sft(path, staging, model_cfg.sft.steps, model_cfg.sft.examples, lr=model_cfg.sft.lr,
             max_operand=model_cfg.sft.max_operand, envs=envs)
-        (out / "stage.json").write_text(stamp)
+        (staging / "stage.json").write_text(stamp)
+        shutil.rmtree(out, ignore_errors=True)  # a folder without stage.json: an older crash's
+        try:
+            staging.rename(out)
+        except OSError:  # another run put the same model there first
+            shutil.rmtree(staging, ignore_errors=True)
     return str(out)
 
 
