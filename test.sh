@@ -1,6 +1,20 @@
 #!/usr/bin/env bash
 # Second command: run the tests (sets up what they need first: venv, Docker engine, image).
+# Two pytest workers (files whole to one worker: a file's engine, cluster or sandboxes are
+# shared by its tests): most tests wait on containers and child processes, so two overlap well
+# on two cores. Tests marked `serial` (one restarts the Docker engine) run alone afterwards.
+# SAO_TEST_WORKERS=0 runs everything in one process. Extra arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m pytest -q "$@"
+set +e
+.venv/bin/python -m pytest -q -n "${SAO_TEST_WORKERS:-2}" --dist loadfile -m "not serial" "$@"
+parallel=$?
+.venv/bin/python -m pytest -q -m serial "$@"
+serial=$?
+# 5 is "no test collected": arguments that select tests of one part only leave the other empty
+if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then exit 5; fi
+[ "$parallel" -eq 5 ] && parallel=0
+[ "$serial" -eq 5 ] && serial=0
+if [ "$parallel" -ne 0 ]; then exit "$parallel"; fi
+exit "$serial"

@@ -178,6 +178,7 @@ def restart_dockerd(docker_client) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.serial  # it stops the one Docker engine every other test uses: ./test.sh runs it alone, last
 def test_a_docker_engine_restarted_mid_run_costs_rollouts_not_the_run(tmp_path, docker_client):
     """The engine goes away with rollouts in flight: those fail as infrastructure errors
     (counted, not trained on), new sandboxes wait for it, the run goes on when it is back."""
