@@ -141,3 +141,9 @@ def test_bad_values_are_named_with_field_and_value(overrides, named):
     with pytest.raises(ConfigError) as e:
         check(composed(*overrides))
     assert named in str(e.value)
+
+
+def test_local_rank_timeout_must_be_positive():
+    assert composed().local.rank_timeout_s == 14400  # 4 hours: past a batch of SWE rollouts
+    with pytest.raises(ConfigError, match="local.rank_timeout_s"):
+        check(composed("local.rank_timeout_s=0"))

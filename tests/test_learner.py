@@ -222,3 +222,27 @@ def test_policy_loss_is_a_mean_over_the_whole_batchs_kept_tokens(tiny):
     m = learner.step(trajectories)
     assert m["sao/loss"] == pytest.approx(expected.item(), rel=1e-4)
     assert m["sao/kept_frac"] == pytest.approx(float(kept.sum() / batch.loss_mask.sum()), rel=1e-4)
+
+
+def test_process_group_is_made_with_the_rank_timeout(monkeypatch):
+    """torchrun's followers wait in a broadcast from start-up to rank 0's first command (engine
+    start, datasets, a batch of rollouts): the group takes `local.rank_timeout_s`, not NCCL's
+    10-minute default, which would kill them first. (init_process_group is replaced: this test
+    checks what it is given; the torchrun tests run the real one.)"""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from training import collectives
+
+    given = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: given.update(backend=backend, **kw))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(collectives, "current", lambda: collectives.Rank())
+    collectives.init_from_env(14400)
+    assert given == {"backend": "gloo", "timeout": timedelta(hours=4)}
+    given.clear()
+    collectives.init_from_env()
+    assert given == {"backend": "gloo"}  # torch's own default

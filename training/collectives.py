@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 from dataclasses import dataclass
 
 import torch
@@ -39,14 +40,16 @@ def current() -> Rank:
     return Rank()
 
 
-def init_from_env() -> Rank:
-    """Join the process group torchrun describes (WORLD_SIZE > 1); otherwise one process."""
+def init_from_env(timeout_s: float | None = None) -> Rank:
+    """Join the process group torchrun describes (WORLD_SIZE > 1); otherwise one process.
+    `timeout_s`: how long a collective may wait (None: torch's default, 10 minutes for NCCL)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend)
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend, **timeout)
         log.info("rank %d of %d (%s)", dist.get_rank(), world, backend)
     return current()
 

@@ -126,6 +126,8 @@ def check(cfg: DictConfig) -> None:
     runtime = cfg.get("runtime", "local")
     if runtime not in ("local", "ray"):
         _fail("runtime", runtime, "must be 'local' (this process) or 'ray' (actors on a Ray cluster)")
+    if cfg.get("local") is not None:
+        _at_least(cfg.local, "local", ("rank_timeout_s",), 1)
     if runtime == "ray":
         _at_least(cfg.ray, "ray", ("learner_ranks", "rollout_actors"), 1)
         _at_least(cfg.ray, "ray", ("rollout_actor_cpus",), 0)

@@ -84,7 +84,7 @@ class LocalRuntime:
     rollout = None
 
     def __init__(self, cfg: DictConfig):
-        self.rank = collectives.init_from_env()
+        self.rank = collectives.init_from_env(cfg.get("local", {}).get("rank_timeout_s"))
         self.is_main = self.rank.is_main
         path = prepare_model(cfg.model) if self.is_main else None
         self.model_path = collectives.broadcast_object(path) if self.rank.world > 1 else path

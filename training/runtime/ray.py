@@ -284,7 +284,7 @@ class LearnerActor:
         gpus = ray.get_gpu_ids()
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0" if gpus else str(self.rank))
-        collectives.init_from_env()
+        collectives.init_from_env((cfg.get("local") or {}).get("rank_timeout_s"))  # (ranks wait only within a command here)
         self.learner = make_learner(OmegaConf.create(cfg), model_path)
         return self.learner.layout_summary, self.learner.collective
 
