@@ -35,6 +35,7 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL")
 
 LABEL = "sao.sandbox"
 DEFAULT_IMAGE = "sao-sandbox:bookworm"
+KEEPALIVE_LOOKS = 40  # about 40 s of looks for init's first child (a loaded host)
 # The host waits this long past a command's own timeout before it kills every process itself.
 DISK_POLL_S = 1.0
 HOST_GRACE_S = 10.0
@@ -126,9 +127,28 @@ class DockerSandbox:
         self.id = self._container.id
         with _live_lock:
             _live[self.id] = self
-        # init (docker-init) is pid 1; its only child at start is the keep-alive `sleep`
-        out = self._container.exec_run(["ps", "-o", "pid=", "--ppid", "1"]).output.split()
-        self._keepalive_pid = int(out[0]) if out and out[0].isdigit() else -1  # -1: image has no ps
+        try:
+            self._keepalive_pid = self._find_keepalive()
+        except (SandboxError, docker.errors.APIError) as e:
+            self.close()
+            raise e if isinstance(e, SandboxError) else SandboxError(f"sandbox {self.id[:12]} stopped as it started: {e}")
+
+    def _find_keepalive(self) -> int:
+        """The keep-alive `sleep`'s pid: init (docker-init) is pid 1, and its only child at start
+        is the keep-alive, once init has forked it. On a loaded host the first look can come
+        before that; taken as "no keep-alive", every command's clean-up would then kill the
+        `sleep`, and the container would stop under the next command. So look again until it is
+        there; -1 only for an image without `ps` (nothing is spared, as before)."""
+        for attempt in range(KEEPALIVE_LOOKS):
+            r = self._container.exec_run(["ps", "-o", "pid=", "--ppid", "1"])
+            out = r.output.split()
+            if out and out[0].isdigit():
+                return int(out[0])
+            if r.exit_code not in (0, 1):  # ps missing (126/127), not "no such process yet" (1)
+                return -1
+            time.sleep(0.05 * (attempt + 1))
+        raise SandboxError(f"sandbox {self.id[:12]}: its keep-alive process did not start "
+                           f"within {KEEPALIVE_LOOKS} looks")
 
     # -- commands ---------------------------------------------------------------------------
     def exec(

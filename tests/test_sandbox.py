@@ -260,3 +260,30 @@ def test_a_command_filling_the_disk_is_stopped_and_said(make_sandbox):
     size = int(sb.exec("stat -c %s /testbed/big", timeout=30).output.split()[-1])
     assert size > 100 * 2**20
     assert sb.exec("rm /testbed/big && echo freed", timeout=30).ok  # the agent can clean up and go on
+
+
+def test_keepalive_is_found_when_init_forks_it_late(docker_client, monkeypatch):
+    """On a loaded host the first look for init's child can come before init has forked the
+    keep-alive `sleep`. Taken as "no keep-alive", the clean-up after each command killed the
+    `sleep`, the container stopped, and the next command failed with Docker's 409 "container is
+    not running" (seen under two pytest workers). The first look here sees no child, as then."""
+    from docker.models.containers import Container, ExecResult
+
+    real, looks = Container.exec_run, []
+
+    def first_look_too_early(self, cmd, *args, **kwargs):
+        if list(cmd[:1]) == ["ps"] and not looks:
+            looks.append(cmd)
+            return ExecResult(1, b"")  # what ps says before init has a child
+        return real(self, cmd, *args, **kwargs)
+
+    monkeypatch.setattr(Container, "exec_run", first_look_too_early)
+    sb = DockerSandbox(run_id=RUN_ID, docker_client=docker_client)
+    try:
+        assert looks and sb._keepalive_pid > 1
+        assert "sleep" in sb.exec(f"cat /proc/{sb._keepalive_pid}/cmdline").output
+        for _ in range(2):  # each command's clean-up spares the keep-alive: the container stays up
+            assert sb.exec("true").ok
+        assert sb._status() == "running"
+    finally:
+        sb.close()
