@@ -269,6 +269,35 @@ def test_a_sync_prints_no_false_alarm(async_engine, tiny):
     assert (hf_logprobs(other, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE
 
 
+def test_a_failed_sync_restarts_the_engine_and_never_resumes_the_half_loaded_one(async_engine, tiny, monkeypatch):
+    """A bucket fails in mid-update, after vLLM's layerwise reload has moved the layers to the
+    meta device: resuming that engine would serve a half-loaded model. It is started anew and
+    given the weights again; what it samples then is the new weights' (logprobs as transformers')."""
+    from agent.engines import vllm_async
+
+    real, calls = vllm_async._SyncClient.update_weights, []
+
+    def fails_once(self, update_info):
+        calls.append(1)
+        if len(calls) == 2:  # the second bucket: the model is part old, part new, part nowhere
+            raise RuntimeError("bucket lost in transit")
+        return real(self, update_info)
+
+    monkeypatch.setattr(vllm_async._SyncClient, "update_weights", fails_once)
+    old_llm, resumed = async_engine.llm, []
+    real_resume = type(old_llm).resume_generation
+    monkeypatch.setattr(type(old_llm), "resume_generation",
+                        lambda self, *a, **k: resumed.append(self) or real_resume(self, *a, **k))
+    other = perturbed(tiny, 0.05, seed=4)
+    async_engine.update_weights(other.state_dict().items(), version=30)
+    assert old_llm not in resumed and async_engine.llm is not old_llm and async_engine.restarts == 1
+    assert async_engine.version == 30 and async_engine.last_sync["engine/restarts"] == 1
+    prompt = [41, 42, 43]
+    c = async_engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=6))
+    assert (hf_logprobs(other, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOLERANCE
+    assert set(c.versions) == {30}
+
+
 def test_the_plugin_hook_drops_only_the_rotary_false_alarm():
     """vLLM runs the plugin hook (`register`) in every process it starts; in a fresh process it
     installs the filter that drops the rotary embedding's line and lets the same warning for a

@@ -26,6 +26,12 @@ class ConfigError(ValueError):
     """A config value the user can fix; the message names the field and the value."""
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _fail(field: str, value, why: str) -> NoReturn:
     raise ConfigError(f"config field {field} = {value!r}: {why}")
 
@@ -137,6 +143,11 @@ def check(cfg: DictConfig) -> None:
     if cfg.engine.kind not in ("auto", "hf", "vllm", "vllm_batch"):
         _fail("engine.kind", cfg.engine.kind, "must be auto, hf, vllm or vllm_batch")
     _at_least(cfg.engine, "engine", ("replicas",), 1)
+    if runtime == "local" and cfg.engine.get("replicas", 1) > 1 and _cuda():
+        # replicas made in this process would all start on its GPU (cuda:0 under torchrun's rank 0)
+        _fail("engine.replicas", cfg.engine.replicas, "engines in the learner's process all sit on its GPU: "
+              "runtime=local on GPUs runs one engine (raise engine.options.tensor_parallel_size for a larger one); "
+              "runtime=ray places each replica on GPUs of its own (docs/cluster.md)")
     sync_mode = (cfg.engine.get("options") or {}).get("sync_mode")
     if sync_mode is not None and sync_mode not in ("continue", "finish"):
         _fail("engine.options.sync_mode", sync_mode, "must be 'continue' (in-flight requests go on under the new "

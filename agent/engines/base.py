@@ -43,6 +43,61 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+# RoPE scalings that leave max_position_embeddings as the scaled length (vLLM 0.32 does not
+# multiply it by their factor again: vllm/config/model.py, _get_and_verify_max_len)
+_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+class ContextTooLong(ValueError):
+    """The context asked for is longer than the model's positions."""
+
+
+def rope_scaling_of(config) -> dict | None:
+    """The model's RoPE scaling (YaRN, linear, ...) from its HF config, None for plain RoPE.
+    transformers 5 keeps it in `rope_parameters` (with `rope_type: default` for none)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rp = getattr(config, key, None) if not isinstance(config, dict) else config.get(key)
+        if isinstance(rp, dict) and rp.get("rope_type", rp.get("type", "default")) not in ("default", None):
+            return rp
+    return None
+
+
+def context_limit(config) -> int | None:
+    """The longest context the model's config allows, as vLLM derives it: max_position_embeddings,
+    times the RoPE factor for scalings that do not pre-scale it; None when the config names none."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    native = get("max_position_embeddings")
+    if not native:
+        return None
+    rp = rope_scaling_of(config)
+    if rp and rp.get("rope_type", rp.get("type")) not in _PRESCALED_ROPE:
+        return int(native * float(rp.get("factor") or 1.0))
+    return int(native)
+
+
+def check_context(model_path: str, max_model_len: int, field: str = "engine.options.max_model_len") -> None:
+    """Refuse a context longer than the model's positions before anything starts (vLLM would
+    refuse it only once its engine starts; past them RoPE gives garbage, not an error). A model
+    whose config cannot be read here (a hub name not in the local cache) is left to the engine."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError):
+        return
+    limit = context_limit(config)
+    if limit is None or max_model_len <= limit:
+        return
+    raise ContextTooLong(
+        f"{field}={max_model_len} is longer than {model_path} allows: its config.json declares "
+        f"max_position_embeddings={config.max_position_embeddings}"
+        + (f" with RoPE scaling {rope_scaling_of(config)}" if rope_scaling_of(config) else "")
+        + f". Set {field}={limit} or less (and agent.max_tokens with it), or extend the model's context "
+        "with YaRN in its config.json (rope_scaling and max_position_embeddings, as vLLM and transformers read "
+        "them); only learner=torch trains such a model: mbridge 0.15 builds Megatron's rotary embedding without "
+        "rope_scaling, so the Megatron learner refuses it (its logprobs would differ from the engine's)")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion. temperature 0 is greedy (logprobs of the raw distribution)."""

@@ -175,6 +175,24 @@ class EngineRouter:
         with ThreadPoolExecutor(len(live)) as ex:
             list(ex.map(lambda r: r.update_weights(tensors, version), live))
 
+    # ---- colocated on GPUs: the replicas free their memory while the learner steps ----
+
+    @property
+    def sleep_during_step(self) -> bool:
+        return any(getattr(r, "sleep_during_step", False) for r in self.replicas)
+
+    def sleep(self) -> None:
+        self._each_live("sleep")
+
+    def wake_up(self) -> None:
+        self._each_live("wake_up")
+
+    def _each_live(self, method: str) -> None:
+        live = [r for i, r in enumerate(self.replicas) if self.balancer.alive[i] and hasattr(r, method)]
+        if live:
+            with ThreadPoolExecutor(len(live)) as ex:
+                list(ex.map(lambda r: getattr(r, method)(), live))
+
     # ---- what the metrics read ----
 
     @property

@@ -85,21 +85,22 @@ def vllm_available() -> bool:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 16384,
-                 gpu_memory_utilization: float = 0.15, seed: int = 0, **engine_kwargs):
-        """`gpu_memory_utilization`: the share of the GPU's memory vLLM takes for weights and KV
-        cache. 0.15 leaves the rest to a learner on the same GPU (training); an evaluation that
-        has the GPU to itself passes 0.9."""
+    def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 16384,
+                 gpu_memory_utilization: float | None = None, seed: int = 0, **engine_kwargs):
+        """The options as the async engine's (`agent.engines.vllm_async.gpu_defaults`): bfloat16
+        and CUDA graphs on a GPU, float32 and eager on CPU."""
+        from agent.engines.base import check_context
+        from agent.engines.vllm_async import gpu_defaults
+
+        check_context(model_path, max_model_len)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM
 
         _quiet_known_noise()  # before LLM(): its start-up repeats them too
-        self.llm = LLM(
-            model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
-            enforce_eager=engine_kwargs.pop("enforce_eager", True), **cpu_workarounds(engine_kwargs, max_model_len),
-        )
+        engine_kwargs = gpu_defaults(dict(engine_kwargs, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization))
+        self.llm = LLM(model=model_path, max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
+                       **cpu_workarounds(engine_kwargs, max_model_len))
         self.tie_word_embeddings = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                                 "tie_word_embeddings", False))
         self.version = 0

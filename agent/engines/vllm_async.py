@@ -30,27 +30,53 @@ from agent.engines.base import Completion, SamplingParams
 SYNC_MODES = {"continue": "keep", "finish": "wait"}  # ours -> vLLM's pause mode
 
 
-def resolve_transfer(backend: str) -> str:
-    """`auto` is `inline` where there is no CUDA, else `ipc` (the learner beside the engine on
-    its GPU, this process's case); `nccl` is for learners on GPUs of their own (runtime=ray)."""
+def resolve_transfer(backend: str, tensor_parallel: int = 1) -> str:
+    """`auto` is `inline` where there is no CUDA, else `ipc` (the learner's rank 0 beside the
+    engine on its GPU, this process's case) for an engine on one GPU; an engine over several GPUs
+    (tensor parallel) takes `inline`, since the weights rank 0 sends live on its GPU alone and an
+    IPC handle opens only on the GPU it was made on. `nccl` is for learners on GPUs of their own
+    (runtime=ray)."""
     if backend == "auto":
-        return "ipc" if torch.cuda.is_available() else "inline"
+        return "ipc" if torch.cuda.is_available() and tensor_parallel == 1 else "inline"
     if backend not in ("inline", "ipc", "nccl"):
         raise ValueError(f"engine.options.weight_transfer {backend!r}: choose auto, inline, ipc or nccl")
     if backend in ("ipc", "nccl") and not torch.cuda.is_available():
         raise ValueError(f"engine.options.weight_transfer {backend!r} needs CUDA; on CPU use inline")
+    if backend == "ipc" and tensor_parallel > 1:
+        raise ValueError(f"engine.options.weight_transfer ipc with tensor_parallel_size={tensor_parallel}: the "
+                         "learner's rank 0 holds the weights on its one GPU, and an IPC handle opens only there; "
+                         "use inline (or auto), or runtime=ray with nccl")
     return backend
 
 
+def gpu_defaults(options: dict) -> dict:
+    """Engine options a GPU user expects where none were given: CUDA graphs (vLLM's
+    `enforce_eager` off), bfloat16 weights; on CPU, eager float32 as before. `dtype: auto` is
+    resolved the same way."""
+    from agent.engines.base import resolve_dtype
+
+    cuda = torch.cuda.is_available()
+    out = dict(options)
+    out["dtype"] = resolve_dtype(out.get("dtype") or "auto")
+    out.setdefault("enforce_eager", not cuda)
+    if out.get("gpu_memory_utilization") is None:
+        out["gpu_memory_utilization"] = 0.9 if cuda else 0.15  # a GPU of its own unless told the share
+    return out
+
+
 class AsyncVLLMEngine:
-    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 16384,
-                 gpu_memory_utilization: float = 0.15, seed: int = 0, sync_mode: str = "continue",
+    def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 16384,
+                 gpu_memory_utilization: float | None = None, seed: int = 0, sync_mode: str = "continue",
                  weight_transfer: str = "auto", bucket_mb: int = 256, sleep_during_step: bool = False,
                  **engine_kwargs):
-        """`gpu_memory_utilization`: vLLM's share of the GPU (0.15 leaves the rest to a learner
-        on the same GPU). `sleep_during_step`: colocated on GPUs, the engine frees its memory
-        (vLLM's sleep mode) while the learner steps. Other keywords go to vLLM's engine args
-        (`tensor_parallel_size`, say)."""
+        """`dtype`: auto is bfloat16 on CUDA, float32 on CPU. `gpu_memory_utilization`: vLLM's
+        share of the GPU; training computes it from the memory plan (`training.plan`), alone on a
+        GPU it is 0.9. `sleep_during_step`: colocated on GPUs, the engine frees its memory (vLLM's
+        sleep mode) while the learner steps. Other keywords go to vLLM's engine args
+        (`tensor_parallel_size`, `enforce_eager`: off on CUDA by default, say)."""
+        from agent.engines.base import check_context
+
+        check_context(model_path, max_model_len)
         if sync_mode not in SYNC_MODES:
             raise ValueError(f"engine.options.sync_mode {sync_mode!r}: choose continue or finish")
         if sleep_during_step and not torch.cuda.is_available():
@@ -65,7 +91,9 @@ class AsyncVLLMEngine:
 
         register()
         self.sync_mode = sync_mode
-        self.transfer = resolve_transfer(weight_transfer)
+        self.transfer = resolve_transfer(weight_transfer, int(engine_kwargs.get("tensor_parallel_size", 1)))
+        if self.transfer == "ipc":  # see vllm_transfer.wire_update_info: the engine's worker unpickles the handles
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         if self.transfer == "inline":
             from importlib.metadata import entry_points
 
@@ -89,11 +117,11 @@ class AsyncVLLMEngine:
         self._running_area = 0.0
         self._last_change = time.monotonic()
         self.last_sync: dict[str, float] = {}
-        args = dict(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                    gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
-                    enforce_eager=engine_kwargs.pop("enforce_eager", True), enable_sleep_mode=sleep_during_step,
-                    **engine_kwargs)
-        self.llm = self._call(self._start(args))
+        engine_kwargs = gpu_defaults(dict(engine_kwargs, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization))
+        self._args = dict(model=model_path, max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
+                          enable_sleep_mode=sleep_during_step, **engine_kwargs)
+        self.restarts = 0  # engines started anew after a failed weight sync
+        self.llm = self._call(self._start(self._args))
         hf_config = self.llm.model_config.hf_config
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
 
@@ -167,7 +195,7 @@ class AsyncVLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Pause, send the weights in buckets through vLLM's weight-transfer API, label the
         version, reset the prefix cache (its keys and values were made by the old weights), go on."""
-        from agent.engines.vllm_transfer import TensorsSource, trainer_init_info
+        from agent.engines.vllm_transfer import TensorsSource
 
         weights = [(name, t.detach()) for name, t in named_tensors]
         names = {n for n, _ in weights}
@@ -175,24 +203,46 @@ class AsyncVLLMEngine:
             weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))  # vLLM keeps its own copy
         t0 = time.monotonic()
         if self._trainer is None:
-            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+            from agent.engines.vllm_transfer import make_trainer
 
-            options = {"bucket_bytes": self.bucket_bytes} if self.transfer == "inline" else {}
-            if self.transfer == "nccl":
-                raise ValueError("weight_transfer nccl joins learner and engine GPUs in one NCCL group: "
-                                 "it is set up by runtime=ray, not by an engine in the learner's process")
-            self._source = TensorsSource()
-            self._trainer = WeightTransferTrainerFactory.trainer_init(
-                trainer_init_info(self.transfer, rank=0, **options), client=_SyncClient(self), source=self._source)
+            self._source = TensorsSource(weights)
+            self._trainer = make_trainer(self.transfer, _SyncClient(self), self._source, self.bucket_bytes)
         self._source.update(weights)
         self._call(self.llm.pause_generation(mode=SYNC_MODES[self.sync_mode], clear_cache=True))
         try:
-            self._trainer.send_weights()
-            self._call(self.llm.update_weight_version(str(version)))
-        finally:
+            self._send(version)
+        except Exception as e:
+            # vLLM's layerwise reload moved the layers to the meta device at the update's start: a
+            # failed send leaves a half-loaded model, never to be resumed. Start the engine anew
+            # (its requests in flight fail with it, as an engine death) and send again, once.
+            self._restart(e)
+            self._send(version)
+        else:
             self._call(self.llm.resume_generation())
         self.version = version
-        self.last_sync = {"engine/sync_s": time.monotonic() - t0, "engine/sync_bytes": float(self._source.nbytes)}
+        self.last_sync = {"engine/sync_s": time.monotonic() - t0, "engine/sync_bytes": float(self._source.nbytes),
+                          "engine/restarts": float(self.restarts)}
+
+    def _send(self, version: int) -> None:
+        self._trainer.send_weights()
+        self._call(self.llm.update_weight_version(str(version)))
+
+    def _restart(self, cause: BaseException) -> None:
+        import logging
+
+        from agent.engines.vllm_transfer import make_trainer
+
+        logging.getLogger(__name__).error("weight sync failed (%s: %s): the engine's model may be half loaded; "
+                                          "starting the engine anew", type(cause).__name__, cause)
+        old, self.llm = self.llm, None
+        try:
+            self._call(self._shutdown(old))
+        except Exception as e:  # what is left of it goes with its processes
+            logging.getLogger(__name__).warning("shutting down the failed engine: %s", e)
+        old.shutdown = lambda *args, **kwargs: None  # as in close(): not again from __del__ at exit
+        self.llm = self._call(self._start(self._args))
+        self.restarts += 1
+        self._trainer = make_trainer(self.transfer, _SyncClient(self), self._source, self.bucket_bytes)
 
     def sleep(self) -> None:
         """Free the GPU for the learner's step (colocated): weights offloaded, KV cache dropped."""
@@ -246,7 +296,10 @@ class _SyncClient:
     def update_weights(self, update_info) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        self.engine._call(self.engine.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
+        from agent.engines.vllm_transfer import wire_update_info
+
+        self.engine._call(self.engine.llm.update_weights(WeightTransferUpdateRequest(
+            update_info=wire_update_info(update_info))))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.engine._call(self.engine.llm.finish_weight_update(weight_version))

@@ -177,6 +177,63 @@ class TensorsSource(WeightSource):
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
 
+def ipc_trainer_class():
+    """vLLM's IPC trainer for this project's one IPC case: the engine lives in the process of
+    the learner's rank 0, which alone sends, holding every weight (gathered from the other ranks
+    or from the CPU first). vLLM's trainer assumes every rank of the default process group sends
+    its own copy (colocated FSDP): it all-gathers the handles and meets at a barrier on that
+    group, which rank 0 would enter alone while the others wait for its next command. So here
+    the handles are this process's alone and a send ends with `ipc_collect` only. The transfer is
+    always packed: the weights go through one staging buffer on this GPU, which also carries
+    CPU-held tensors (a Megatron gather, the `engine_lag` snapshots), for which `reduce_tensor`
+    gives no CUDA handle."""
+    import torch
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerWeightTransferEngine
+
+    class OneSenderIPCTrainer(IPCTrainerWeightTransferEngine):
+        def _all_gather_and_merge_handles(self, handles):
+            return handles
+
+        @staticmethod
+        def _post_send_sync() -> None:
+            torch.cuda.ipc_collect()
+
+    return OneSenderIPCTrainer
+
+
+def ipc_buffer_bytes(bucket_bytes: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """The staging buffer: a bucket, or the largest tensor where one is larger (vLLM refuses a
+    tensor over the buffer; Qwen3-8B's embedding is 1.2 GB in bfloat16)."""
+    largest = max((t.numel() * t.element_size() for _, t in tensors), default=0)
+    return max(bucket_bytes, largest)
+
+
+def make_trainer(backend: str, client, source: "TensorsSource", bucket_bytes: int):
+    """The trainer side of a backend, as vLLM's factory would make it, for one sender."""
+    if backend == "ipc":
+        info = trainer_init_info("ipc", rank=0, packed=True,
+                                 packed_buffer_size_bytes=ipc_buffer_bytes(bucket_bytes, source))
+        return ipc_trainer_class().trainer_init(info, client=client, source=source)
+    if backend == BACKEND:
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        info = trainer_init_info(BACKEND, rank=0, bucket_bytes=bucket_bytes)
+        return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+    raise ValueError(f"weight_transfer {backend!r}: an engine in the learner's process sends by inline or ipc; "
+                     "nccl joins learner and engine GPUs in one NCCL group, set up by runtime=ray")
+
+
+def wire_update_info(update_info):
+    """An update as vLLM's engine-core messaging can carry it. IPC handles are tuples holding
+    tensor and storage classes and dtypes, which its msgpack encoder refuses (vllm/v1/serial_utils.py:
+    a TypeError unless VLLM_ALLOW_INSECURE_SERIALIZATION=1); vLLM's HTTP client pickles them into
+    `ipc_handles_pickled`, which the worker unpickles when that variable is set in its process
+    (the engine is started with it under ipc). Other backends' updates pass unchanged."""
+    from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
+
+    return _json_safe_update_payload(update_info)
+
+
 def register() -> None:
     """vLLM's plugin hook (run in each of its processes; safe to run again). It also quiets
     vLLM's known noise there: the async engine's core and workers are processes of their own,

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from agent.engines.base import rope_scaling_of
 from training.learners.base import LayoutError
 
 try:  # Transformer Engine: fused kernels and packed (THD) attention on GPUs
@@ -52,6 +53,11 @@ def check_layout(layout: Layout, hf_config, world: int) -> None:
         raise LayoutError(f"learner.tensor_parallel={tp} x learner.pipeline_parallel={pp} = {tp * pp} "
                           f"does not divide the {world} ranks (torchrun --nproc-per-node x nodes)")
     dp = world // (tp * pp)
+    rope = rope_scaling_of(hf_config)
+    if rope:  # mbridge's bridges pass rope_theta (rotary_base) to Megatron and nothing of the scaling
+        raise LayoutError(f"model.path: the model's RoPE is scaled ({rope}); mbridge 0.15 builds Megatron's rotary "
+                          "embedding without rope_scaling, so this learner's logprobs would differ from the engine's "
+                          "(vLLM applies the scaling). Train it with learner=torch, or without rope_scaling in its config.json")
     heads, groups = hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
     if heads % tp:
         raise LayoutError(f"learner.tensor_parallel={tp} does not divide the model's {heads} attention heads")
