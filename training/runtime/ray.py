@@ -6,7 +6,8 @@
 
 What goes where (each a Ray actor, placed by placement groups):
 - **engine replicas** (`engine.replicas`), each vLLM's async engine with its own tensor-parallel
-  size (`engine.options.tensor_parallel_size`) on GPUs of its own, behind one **router** actor
+  size (`engine.options.tensor_parallel_size`) on GPUs of its own (`engine_placement`: above one
+  GPU, a bundle per GPU and vLLM's Ray executor's workers on them), behind one **router** actor
   (agent/engines/router.py's Balancer: least outstanding requests, a rollout's turns on one
   replica). A replica whose actor dies is restarted by Ray, given the latest weights by the
   router, and its requests in flight are retried on another replica.
@@ -29,6 +30,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -77,6 +79,50 @@ def _node_address() -> str:
 
 
 # ---- engines ----
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Where one engine replica goes: its placement group (`bundles`, `strategy`), what its actor
+    takes of bundle 0 (`actor`: num_cpus, num_gpus) and the vLLM engine args that go with that
+    layout (`engine_options`, added to `engine.options`)."""
+
+    bundles: list[dict]
+    strategy: str
+    actor: dict
+    engine_options: dict = field(default_factory=dict)
+
+
+def engine_placement(devices: int, gpu: bool, backend: str | None = None) -> EnginePlacement:
+    """The layout of one replica of `devices` GPUs (tensor x pipeline parallel size), on one node.
+
+    Inside a Ray actor, vLLM takes the actor's placement group for its workers: with more than
+    one GPU it picks its Ray executor by itself (ParallelConfig, when the actor is in a placement
+    group), which refuses a bundle of more than one GPU and places one worker actor of
+    VLLM_RAY_PER_WORKER_GPUS (1) GPU on each GPU bundle (v1/executor/ray_utils.py
+    `initialize_ray_cluster`, ray_executor_v2.py). So: a bundle per GPU, the engine's actor on
+    bundle 0 with its CPU and no GPU (the worker of rank 0 takes that bundle's GPU), and the Ray
+    executor said outright. `backend="mp"` (engine.options.distributed_executor_backend) keeps
+    one bundle of all the GPUs instead: the actor holds them (Ray sets CUDA_VISIBLE_DEVICES) and
+    vLLM's worker processes are its children. One GPU: one bundle, the actor holds it (vLLM runs
+    it in-process, `uni`). No GPUs: one CPU bundle; above one device vLLM's CPU backend has no
+    Ray executor, so `mp`."""
+    if devices < 1:
+        raise ValueError(f"an engine replica needs at least one device, not {devices}")
+    if not gpu:
+        engine = {"distributed_executor_backend": backend or "mp"} if devices > 1 else {}
+        return EnginePlacement([{"CPU": 1}], "STRICT_PACK", {"num_cpus": 1, "num_gpus": 0}, engine)
+    if devices == 1:
+        return EnginePlacement([{"CPU": 1, "GPU": 1}], "STRICT_PACK", {"num_cpus": 1, "num_gpus": 1})
+    if backend == "mp":
+        return EnginePlacement([{"CPU": 1, "GPU": devices}], "STRICT_PACK", {"num_cpus": 1, "num_gpus": devices},
+                               {"distributed_executor_backend": "mp"})
+    if backend not in (None, "ray"):
+        raise ValueError(f"engine.options.distributed_executor_backend={backend!r} with {devices} GPUs a replica: "
+                         "under runtime=ray choose ray (a bundle per GPU) or mp (the replica's actor holds them all)")
+    bundles = [{"CPU": 1, "GPU": 1}] + [{"GPU": 1}] * (devices - 1)  # STRICT_PACK: tensor parallel within a node
+    return EnginePlacement(bundles, "STRICT_PACK", {"num_cpus": 1, "num_gpus": 0},
+                           {"distributed_executor_backend": "ray"})
+
 
 class EngineActor:
     """One engine replica (vLLM's async engine; another kind behind a SharedEngine)."""
@@ -433,6 +479,7 @@ class Cluster:
         r = cfg.ray
         kind, options = engine_choice(cfg.engine)
         tp = int(options.get("tensor_parallel_size", 1))
+        devices = tp * int(options.get("pipeline_parallel_size", 1))  # GPUs a replica
         n_replicas, n_ranks = cfg.engine.replicas, r.learner_ranks
         cpus_needed = n_replicas + n_ranks + r.rollout_actors * r.rollout_actor_cpus
         if not ray.is_initialized():
@@ -443,13 +490,13 @@ class Cluster:
                      **({"_node_ip_address": r.node_ip_address} if r.get("node_ip_address") else {}))
         gpu = _gpu()
         have = ray.cluster_resources()
-        gpus_needed = n_replicas * tp + n_ranks if gpu else 0
+        gpus_needed = n_replicas * devices + n_ranks if gpu else 0
         if have.get("CPU", 0) < cpus_needed or have.get("GPU", 0) < gpus_needed:
             raise ClusterError(
                 f"the cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; this run asks for "
                 f"{cpus_needed:g} CPUs ({n_replicas} engine replicas, {n_ranks} learner ranks, {r.rollout_actors} "
                 f"rollout workers x ray.rollout_actor_cpus {r.rollout_actor_cpus:g})"
-                + (f" and {gpus_needed} GPUs ({n_replicas} x TP {tp} for the engines, {n_ranks} for the learner)" if gpu else "")
+                + (f" and {gpus_needed} GPUs ({n_replicas} x {devices} for the engines, {n_ranks} for the learner)" if gpu else "")
                 + ": add nodes, or lower engine.replicas, ray.learner_ranks or ray.rollout_actors")
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         # weights reach each replica through Ray's object store, on the host; from the replica's
@@ -461,18 +508,24 @@ class Cluster:
                              "the engines' is not built yet")
         if kind == "vllm":
             options = {**options, "weight_transfer": "inline"}
+        try:
+            placement = engine_placement(devices, gpu, options.get("distributed_executor_backend"))
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        if kind in ("vllm", "vllm_batch"):
+            options = {**options, **placement.engine_options}
         console.print(f"ray: {len(ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs, "
                       f"{ray.cluster_resources().get('GPU', 0):g} GPUs; {n_replicas} engine replica(s) x TP {tp}, "
                       f"{n_ranks} learner rank(s), {r.rollout_actors} rollout worker(s)")
 
-        # engines: a placement group each (its GPUs on one node), restarted by Ray if they die
+        # engines: a placement group each (its GPUs on one node, `engine_placement`), restarted by
+        # Ray if they die; vLLM's workers above one GPU are actors of their own in that group
         engine_cls = ray.remote(EngineActor)
         engines = []
         for i in range(n_replicas):
-            bundle = {"CPU": 1, **({"GPU": tp} if gpu else {})}
-            pg = self._group([bundle], "STRICT_PACK")
+            pg = self._group(placement.bundles, placement.strategy)
             engines.append(engine_cls.options(
-                name=f"engine-{i}", max_restarts=-1, max_concurrency=1024, num_cpus=1, num_gpus=tp if gpu else 0,
+                name=f"engine-{i}", max_restarts=-1, max_concurrency=1024, **placement.actor,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
             ).remote(kind, model_path, options))
         self.actors += engines
