@@ -1,6 +1,9 @@
 """GPU check of the async vLLM engine on ONE NVIDIA GPU, beside a learner-sized model on the same
-GPU: weights by CUDA IPC (vLLM's `ipc` backend) in buckets, a sync in mid-request (tokens split
-between versions, each with its own weights' logprobs), and sleep mode around a learner step.
+GPU, with the engine's GPU defaults (bf16, CUDA graphs): weights by CUDA IPC (vLLM's `ipc`
+backend, packed through one staging buffer) from the GPU and from CPU-held tensors (a Megatron
+gather, the engine_lag snapshots), a sync in mid-request (tokens split between versions, each
+with its own weights' logprobs), a sync that fails in mid-update (the engine is started anew,
+not resumed half loaded), and sleep mode around a learner step. Issue 28's findings 1, 2 and 8.
 A Qwen3-architecture model of Qwen3-1.7B's shape from a config (random weights, nothing
 downloaded), bf16. Prints a table and JSON.
 
@@ -42,9 +45,10 @@ def run(out_dir: Path) -> dict:
 
     path = build_model(out_dir / "model", QWEN3_1_7B, seed=0, device="cuda", dtype=torch.bfloat16)
     learner = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda()  # the "learner", same GPU
-    engine = AsyncVLLMEngine(str(path), dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.3,
-                             weight_transfer="ipc", bucket_mb=256, sleep_during_step=True)
-    res: dict = {"device": torch.cuda.get_device_name(), "transfer": engine.transfer}
+    engine = AsyncVLLMEngine(str(path), max_model_len=4096, gpu_memory_utilization=0.3,
+                             weight_transfer="auto", bucket_mb=256, sleep_during_step=True)
+    res: dict = {"device": torch.cuda.get_device_name(), "transfer": engine.transfer,
+                 "dtype": engine._args["dtype"], "cuda_graphs": not engine._args["enforce_eager"]}
     try:
         prompt = list(range(10, 42))
         c = engine.generate(prompt, SamplingParams(max_new_tokens=64, seed=1))
@@ -68,6 +72,41 @@ def run(out_dir: Path) -> dict:
         if cut < len(c.versions):
             gap = (hf_logprobs(learner, prompt, c.token_ids)[cut:] - torch.tensor(c.logprobs[cut:])).abs()
             res["logprob_gap_after_sync_max"], res["logprob_gap_after_sync_mean"] = float(gap.max()), float(gap.mean())
+
+        # CPU-held weights (finding 2): copied through the GPU staging buffer
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(torch.randn_like(p) * 1e-2)
+        engine.update_weights([(k, v.cpu()) for k, v in learner.state_dict().items()], version=2)
+        c = engine.generate(prompt, SamplingParams(max_new_tokens=64, seed=4))
+        res["logprob_gap_after_cpu_sync"] = float((hf_logprobs(learner, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max())
+
+        # a sync that fails in its second bucket (finding 1): restarted, given the weights, never resumed
+        from agent.engines import vllm_async
+
+        real, calls = vllm_async._SyncClient.update_weights, []
+
+        def fails_once(client, update_info):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected: bucket lost in transit")
+            return real(client, update_info)
+
+        vllm_async._SyncClient.update_weights = fails_once
+        engine.bucket_bytes = 64 << 20  # several chunks, so the second one fails after the first loaded
+        engine._trainer = None
+        try:
+            with torch.no_grad():
+                for p in learner.parameters():
+                    p.add_(torch.randn_like(p) * 1e-2)
+            t0 = time.monotonic()
+            engine.update_weights(learner.state_dict().items(), version=3)
+            res["failed_sync_recovered_s"] = time.monotonic() - t0
+        finally:
+            vllm_async._SyncClient.update_weights = real
+        res["engine_restarts"] = engine.restarts
+        c = engine.generate(prompt, SamplingParams(max_new_tokens=64, seed=5))
+        res["logprob_gap_after_restart"] = float((hf_logprobs(learner, prompt, c.token_ids) - torch.tensor(c.logprobs)).abs().max())
 
         free0 = torch.cuda.mem_get_info()[0]
         t0 = time.monotonic()
