@@ -384,6 +384,7 @@ class MegatronLearner:
                 weights = {k[k.rindex("module.") + 7:] if k.startswith("module.") else k: v
                            for k, v in state[f"model{i}"].items()}
                 mm._unwrap(chunk).load_state_dict(weights)
+            _keep_torch_step(model.optimizer, state["optimizer"], run["adam_steps"][name])
             with torch.no_grad():  # copies into the main parameters, leaves that require grad
                 model.optimizer.load_state_dict(state["optimizer"])
             _set_adam_step(model.optimizer, run["adam_steps"][name])
@@ -422,38 +423,107 @@ class MegatronLearner:
             dist.barrier()
 
 
+# -- Adam's state across optimizers -------------------------------------------------------------
+# megatron-core picks its Adam at import (megatron/core/optimizer/__init__.py): Transformer
+# Engine's FusedAdam when TE imports, else Apex's, else torch's Adam/AdamW (this CPU path). They
+# keep Adam's step count in different places, and TE's checkpoints only the state it knows:
+# - torch: per parameter, state = {step (0-dim tensor), exp_avg, exp_avg_sq};
+# - Apex FusedAdam: group["step"] (an int, made by the first step), state = {exp_avg, exp_avg_sq};
+# - TE FusedAdam: group["step"] likewise, state = {exp_avg, exp_avg_sq} (+ master_param when it
+#   keeps master weights), and its state_dict/load_state_dict look every state key up in a
+#   dtype table of just those three: any other key (a per-parameter "step") is a KeyError.
+def _inner_optimizers(optimizer) -> list:
+    """The torch optimizers inside megatron's wrapper(s); none where a rank has no parameters."""
+    inner = (opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer]))
+    return [o for o in inner if o is not None]
+
+
+def _steps_per_param(inner) -> bool:
+    """Whether this Adam counts steps per parameter (torch's) or per param group (the fused ones)."""
+    return isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+
+
 def _fresh_adam_state(optimizer) -> None:
     """Give parameters an optimizer that never stepped (the policy in the critic's warm-up)
-    the state Adam would start from (step 0, zero moments): exactly a fresh state, and what
-    megatron's distributed checkpoint needs to find."""
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = opt.optimizer
+    the state that optimizer's own first step would make (zero moments; torch's step 0 per
+    parameter; the fused Adams' step stays in the param group, absent until a first step):
+    exactly a fresh state, and what megatron's distributed checkpoint needs to find."""
+    for inner in _inner_optimizers(optimizer):
         for group in inner.param_groups:
             for p in group["params"]:
-                if not inner.state[p]:
-                    inner.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-
-
-def _inner_optimizers(optimizer):
-    return [opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer])]
+                if inner.state[p]:
+                    continue
+                if _steps_per_param(inner):
+                    if group.get("capturable") or group.get("fused"):  # as torch's Adam makes it
+                        step = torch.zeros((), dtype=torch.float32, device=p.device)
+                    else:
+                        step = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
+                                            else torch.float32)
+                    inner.state[p].update(step=step, exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                                          exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+                    if group.get("amsgrad"):
+                        inner.state[p]["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                elif callable(getattr(inner, "initialize_state", None)):
+                    # TE: its own initialisation (its state dtypes; master weights copied from p)
+                    remainders = bool(getattr(inner, "store_param_remainders", False)) and p.dtype == torch.bfloat16
+                    inner.initialize_state(p, remainders)
+                else:  # Apex
+                    inner.state[p].update(exp_avg=torch.zeros_like(p).float(), exp_avg_sq=torch.zeros_like(p).float())
 
 
 def _adam_step(optimizer) -> float:
-    """Adam's step count (every parameter of the optimizer has taken the same steps)."""
-    steps = {float(st["step"]) for inner in _inner_optimizers(optimizer) for st in inner.state.values() if "step" in st}
+    """Adam's step count (every parameter of the optimizer has taken the same steps); 0 before
+    the first step."""
+    steps = set()
+    for inner in _inner_optimizers(optimizer):
+        if _steps_per_param(inner):
+            steps |= {float(st["step"]) for st in inner.state.values() if "step" in st}
+        else:
+            steps |= {float(g["step"]) for g in inner.param_groups if g["params"] and "step" in g}
     assert len(steps) <= 1, steps
     return steps.pop() if steps else 0.0
 
 
 def _set_adam_step(optimizer, step: float) -> None:
-    """Put torch Adam's per-parameter step back after megatron's load. Its checkpoint keeps
-    the step for the fused Adams of Apex and Transformer Engine; without them (this CPU path)
-    the loaded steps come back 0, and Adam's bias correction after a resume would be a first
-    step's. Each parameter gets its own tensor: Adam adds 1 to each in place."""
+    """Put Adam's step count back after megatron's load, where each optimizer keeps it.
+    torch's: megatron's dp_reshardable load copies the step the optimizer held before the load
+    (0 for a new learner) over the one it read, and its non-distributed load restores none when
+    it was 0, so each parameter with state gets the saved step, as its own tensor (Adam adds 1 to
+    each in place). The fused Adams': megatron restores group["step"] from the checkpoint's
+    param groups; set here too, the same count, so both loads end alike."""
     for inner in _inner_optimizers(optimizer):
-        for st in inner.state.values():
-            if "step" in st:
-                st["step"] = torch.tensor(float(step))
+        if _steps_per_param(inner):
+            for st in inner.state.values():
+                if st:
+                    old = st.get("step")
+                    st["step"] = torch.tensor(float(step), dtype=old.dtype, device=old.device) \
+                        if isinstance(old, torch.Tensor) else torch.tensor(float(step))
+        else:
+            for group in inner.param_groups:
+                if not group["params"] or (step == 0 and "step" not in group):
+                    continue  # never stepped: the first step makes the count
+                old = group.get("step")
+                group["step"] = old.new_full(old.shape, int(step)) if isinstance(old, torch.Tensor) else int(step)
+
+
+def _keep_torch_step(optimizer, loaded, step: float) -> None:
+    """Give torch's Adam its step in a checkpoint read for megatron's non-distributed optimizers.
+    They save the per-parameter step once, as `common_step`, and leave it out when it is 0 (a
+    model that never stepped: `if step:`), and torch's Adam refuses to load state without a step
+    (Adam.__setstate__): so the saved count goes in where megatron looks for it. The distributed
+    optimizer's dict has no per-parameter state here; the fused Adams keep no per-parameter step."""
+    wrappers = getattr(optimizer, "chained_optimizers", [optimizer])
+    if len(wrappers) == 1:
+        parts = [loaded]
+    else:  # megatron's ChainedOptimizer: one dict per optimizer, a list or keyed by index
+        parts = [v for _, v in sorted(loaded.items())] if isinstance(loaded, dict) else list(loaded)
+    for wrapper, part in zip(wrappers, parts):
+        if wrapper.optimizer is None or not _steps_per_param(wrapper.optimizer) or not isinstance(part, dict):
+            continue
+        inner = part.get("optimizer", part)  # the bf16/fp16 wrapper nests the torch optimizer's dict
+        if isinstance(inner, dict) and isinstance(inner.get("state"), dict) and inner["state"] \
+                and "common_step" not in inner["state"]:
+            inner["state"]["common_step"] = torch.tensor(float(step))
 
 
 def _ensure(path: Path) -> Path:

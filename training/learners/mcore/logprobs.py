@@ -26,7 +26,9 @@ def hidden_out(model, pre_process, post_process, config, hf_config):
     head = model.output_layer
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):
-        self.loss_weight = weight if weight is not None else self.weight
+        # a plain attribute, not a registered parameter: as one it gave the weight a second name
+        # in the optimizer's checkpoint, which a fresh learner (no forward yet) could not load
+        self.__dict__["loss_weight"] = weight if weight is not None else self.weight
         if self.sequence_parallel:  # each rank's slice of the sequence -> the whole (grad: summed back)
             return tensor_parallel.gather_from_sequence_parallel_region(hidden), None
         return tensor_parallel.copy_to_tensor_model_parallel_region(hidden), None  # grad: summed over TP
