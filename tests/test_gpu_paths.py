@@ -39,14 +39,14 @@ def test_auto_transfer_is_ipc_only_for_an_engine_on_one_gpu(monkeypatch):
 
 @vllm_only
 def test_engine_defaults_on_a_gpu_and_on_cpu(monkeypatch):
-    from agent.engines.vllm_async import gpu_defaults
+    from agent.engines.base import engine_defaults
 
     cuda(monkeypatch, True)
-    gpu = gpu_defaults({"dtype": "auto", "gpu_memory_utilization": None})
+    gpu = engine_defaults({"dtype": "auto", "gpu_memory_utilization": None})
     assert gpu == {"dtype": "bfloat16", "enforce_eager": False, "gpu_memory_utilization": 0.9}
-    assert gpu_defaults({"gpu_memory_utilization": 0.4, "enforce_eager": True})["gpu_memory_utilization"] == 0.4
+    assert engine_defaults({"gpu_memory_utilization": 0.4, "enforce_eager": True})["gpu_memory_utilization"] == 0.4
     cuda(monkeypatch, False)
-    assert gpu_defaults({}) == {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.15}
+    assert engine_defaults({}) == {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.15}
 
 
 # ---- an IPC update on vLLM's messaging ----
@@ -211,3 +211,50 @@ def test_local_replicas_on_gpus_are_refused(monkeypatch):
     cuda(monkeypatch, True)
     with pytest.raises(ConfigError, match="engine.replicas"):
         check(cfg)
+
+
+# ---- the run's start ----
+
+def compose(*overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from training.config import CONF
+
+    with initialize_config_dir(str(CONF), version_base=None):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def test_a_model_with_no_algo_overrides_makes_its_algo():
+    """conf/model/qwen3.yaml's `algo_overrides: {}` is an empty (falsy) DictConfig: `or {}` handed
+    OmegaConf.to_container a plain dict, which it refuses, and +experiment=swe_verified died there."""
+    from training.factories import make_algo
+
+    algo = make_algo(compose("+experiment=swe_verified"))
+    assert algo.lr_policy == compose("+experiment=swe_verified").algo.lr_policy
+
+
+def test_the_engine_share_comes_from_the_plan_on_a_gpu(monkeypatch):
+    from training.plan import engine_share, planned_share
+
+    cfg = compose("+experiment=swe_verified")
+    cuda(monkeypatch, False)
+    assert planned_share(cfg) is None  # CPU: the engine's own default
+    cuda(monkeypatch, True)
+    h100 = 80 * 10**9
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": h100})())
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    share = planned_share(cfg)
+    assert share == engine_share(cfg, h100) and 0.1 < share < 0.9
+    assert planned_share(compose("+experiment=swe_verified", "engine.options.gpu_memory_utilization=0.3")) is None
+
+
+def test_a_context_past_the_models_positions_stops_the_run_with_exit_2(tmp_path, capsys):
+    from agent.tiny_model import build_tiny_model
+    from training.run import run
+
+    path = build_tiny_model(tmp_path / "tiny")  # 16,384 positions
+    code = run(compose(f"model.path={path}", "engine=vllm", "engine.options.max_model_len=65536"))
+    assert code == 2
+    assert "engine.options.max_model_len=65536" in capsys.readouterr().err

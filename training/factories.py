@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import training.sft as sft_module
 from agent.engines import make_engine
+from agent.engines.base import check_context
 from agent.engines.router import EngineRouter
 from agent.engines.shared import shareable
 from agent.engines.vllm import vllm_available
@@ -70,7 +71,8 @@ def env_files(names: list[str]) -> list[str]:
 def make_algo(cfg: DictConfig):
     """The algo config, with the model's overrides of the fields it has (chosen once, here)."""
     algo = OmegaConf.to_container(cfg.algo)
-    overrides = OmegaConf.to_container(cfg.model.get("algo_overrides") or {})
+    given = cfg.model.get("algo_overrides")  # (an empty DictConfig is falsy: `or {}` gave to_container a dict)
+    overrides = OmegaConf.to_container(given) if given is not None else {}
     algo.update({k: v for k, v in overrides.items() if k in algo})
     return instantiate(algo)
 
@@ -115,10 +117,21 @@ def engine_choice(engine_cfg: DictConfig) -> tuple[str, dict]:
     return kind, OmegaConf.to_container(options)
 
 
-def build_engine(engine_cfg: DictConfig, model_path: str):
+def check_engine_context(cfg: DictConfig) -> None:
+    """The engine's context against the model's positions, before anything starts (the engine
+    checks again when it starts, on the model it is given)."""
+    kind, options = engine_choice(cfg.engine)
+    if kind in ("vllm", "vllm_batch") and cfg.model.get("path"):
+        check_context(str(cfg.model.path), int(options.get("max_model_len", 16384)))
+
+
+def build_engine(engine_cfg: DictConfig, model_path: str, share: float | None = None):
     """The engine the rollouts call: one, or `engine.replicas` behind a router (each rebuilt
-    from the same options if it dies)."""
+    from the same options if it dies). `share`: vLLM's GPU share where the options give none."""
     kind, options = engine_choice(engine_cfg)
+    if share is not None and kind in ("vllm", "vllm_batch") and options.get("gpu_memory_utilization") is None:
+        options["gpu_memory_utilization"] = share
+        console.print(f"engine: {share:.2f} of the GPU, as the memory plan computes (python -m training.plan)")
     replicas = engine_cfg.get("replicas", 1)
     console.print(f"engine: {kind}" + (" (auto)" if engine_cfg.kind == "auto" else "")
                   + (f", {replicas} replicas" if replicas > 1 else ""))

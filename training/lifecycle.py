@@ -25,6 +25,7 @@ from training.console import console, say_error
 from training.factories import build_engine, make_pool, make_source
 from training.learners.base import LayoutError
 from training.orchestrator import Orchestrator, RolloutsFailing, RunConfig, TaskSampler, evaluate
+from training.plan import planned_share
 from training.plots import plot_rewards
 from training.runtime.base import Runtime
 
@@ -62,7 +63,7 @@ def train(cfg: DictConfig, runtime: Runtime) -> int:
     learner = runtime.learner
     with contextlib.ExitStack() as stack:
         tokenizer = AutoTokenizer.from_pretrained(runtime.model_path)
-        engine = runtime.engine or build_engine(cfg.engine, runtime.model_path)
+        engine = runtime.engine or build_engine(cfg.engine, runtime.model_path, share=planned_share(cfg))
         stack.callback(engine.close)
         sampler = TaskSampler([make_source(s, engine, tokenizer, cfg) for s in cfg.sources], cfg.seed)
         # two sandboxes a rollout: its own and the clean one made ready for its grading

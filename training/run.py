@@ -14,12 +14,15 @@ import hydra
 import transformers
 from omegaconf import DictConfig
 
+from agent.engines.base import ContextTooLong
 from sandbox.base import SandboxError
 from sandbox.docker import client as docker_client
 from training.config import ConfigError, check
 from training.console import say_error
+from training.factories import check_engine_context
 from training.learners.base import LayoutError
 from training.lifecycle import train
+from training.plan import check_layout
 from training.runtime.base import ClusterError, Runtime
 from training.runtime.local import LocalRuntime
 
@@ -37,10 +40,12 @@ def run(cfg: DictConfig) -> int:
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
         check(cfg)
+        check_layout(cfg)  # with CUDA: the memory plan must fit the GPUs (training/plan.py)
+        check_engine_context(cfg)  # the engine's context within the model's positions
         if cfg.runtime != "ray" and is_rank0:  # (on Ray each node's workers ask theirs)
             docker_client()  # before the model: a run with no Docker engine is said at once, with the fix
         runtime = start_runtime(cfg)
-    except (ConfigError, SandboxError, LayoutError, ClusterError) as e:
+    except (ConfigError, SandboxError, LayoutError, ClusterError, ContextTooLong) as e:
         if is_rank0:
             say_error(e)
         return 2
