@@ -43,6 +43,19 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+def engine_defaults(options: dict) -> dict:
+    """Engine options a GPU user expects where none were given: CUDA graphs (vLLM's
+    `enforce_eager` off), bfloat16 weights; on CPU, eager float32 as before. `dtype: auto` is
+    resolved the same way."""
+    cuda = torch.cuda.is_available()
+    out = dict(options)
+    out["dtype"] = resolve_dtype(out.get("dtype") or "auto")
+    out.setdefault("enforce_eager", not cuda)
+    if out.get("gpu_memory_utilization") is None:
+        out["gpu_memory_utilization"] = 0.9 if cuda else 0.15  # a GPU of its own unless told the share
+    return out
+
+
 # RoPE scalings that leave max_position_embeddings as the scaled length (vLLM 0.32 does not
 # multiply it by their factor again: vllm/config/model.py, _get_and_verify_max_len)
 _PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")

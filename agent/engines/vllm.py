@@ -87,10 +87,9 @@ def vllm_available() -> bool:
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 16384,
                  gpu_memory_utilization: float | None = None, seed: int = 0, **engine_kwargs):
-        """The options as the async engine's (`agent.engines.vllm_async.gpu_defaults`): bfloat16
+        """The options as the async engine's (`agent.engines.base.engine_defaults`): bfloat16
         and CUDA graphs on a GPU, float32 and eager on CPU."""
-        from agent.engines.base import check_context
-        from agent.engines.vllm_async import gpu_defaults
+        from agent.engines.base import check_context, engine_defaults
 
         check_context(model_path, max_model_len)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -98,7 +97,7 @@ class VLLMEngine:
         from vllm import LLM
 
         _quiet_known_noise()  # before LLM(): its start-up repeats them too
-        engine_kwargs = gpu_defaults(dict(engine_kwargs, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization))
+        engine_kwargs = engine_defaults(dict(engine_kwargs, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization))
         self.llm = LLM(model=model_path, max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
                        **cpu_workarounds(engine_kwargs, max_model_len))
         self.tie_word_embeddings = bool(getattr(self.llm.llm_engine.model_config.hf_config,

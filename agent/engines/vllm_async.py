@@ -25,7 +25,7 @@ from typing import Iterable
 
 import torch
 
-from agent.engines.base import Completion, SamplingParams
+from agent.engines.base import Completion, SamplingParams, engine_defaults
 
 SYNC_MODES = {"continue": "keep", "finish": "wait"}  # ours -> vLLM's pause mode
 
@@ -47,21 +47,6 @@ def resolve_transfer(backend: str, tensor_parallel: int = 1) -> str:
                          "learner's rank 0 holds the weights on its one GPU, and an IPC handle opens only there; "
                          "use inline (or auto), or runtime=ray with nccl")
     return backend
-
-
-def gpu_defaults(options: dict) -> dict:
-    """Engine options a GPU user expects where none were given: CUDA graphs (vLLM's
-    `enforce_eager` off), bfloat16 weights; on CPU, eager float32 as before. `dtype: auto` is
-    resolved the same way."""
-    from agent.engines.base import resolve_dtype
-
-    cuda = torch.cuda.is_available()
-    out = dict(options)
-    out["dtype"] = resolve_dtype(out.get("dtype") or "auto")
-    out.setdefault("enforce_eager", not cuda)
-    if out.get("gpu_memory_utilization") is None:
-        out["gpu_memory_utilization"] = 0.9 if cuda else 0.15  # a GPU of its own unless told the share
-    return out
 
 
 class AsyncVLLMEngine:
@@ -117,7 +102,7 @@ class AsyncVLLMEngine:
         self._running_area = 0.0
         self._last_change = time.monotonic()
         self.last_sync: dict[str, float] = {}
-        engine_kwargs = gpu_defaults(dict(engine_kwargs, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization))
+        engine_kwargs = engine_defaults(dict(engine_kwargs, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization))
         self._args = dict(model=model_path, max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
                           enable_sleep_mode=sleep_during_step, **engine_kwargs)
         self.restarts = 0  # engines started anew after a failed weight sync
