@@ -53,7 +53,8 @@ def test_swe_verified_experiment_has_the_papers_settings():
         grpo = composed(f"+experiment={experiment}", "algo=grpo_dis")
         check(grpo)
         assert grpo.trainer.batch_size == 128 and grpo.trainer.group_size == grpo.algo.group_size == 8
-    assert cfg["agent"]["max_tokens"] == 131072 and cfg["engine"]["options"]["max_model_len"] == 131072
+    # the paper's 128K needs YaRN; Qwen3 declares 40,960 positions, which the engine's context keeps to
+    assert cfg["agent"]["max_tokens"] == 40960 and cfg["engine"]["options"]["max_model_len"] == 40960
     algo = cfg["algo"]
     assert (algo["eps_low"], algo["eps_high"]) == (0.8, 3.0) and algo["mask"] is True
     assert (algo["lr_policy"], algo["lr_critic"]) == (1e-6, 5e-6)
@@ -63,7 +64,8 @@ def test_swe_verified_experiment_has_the_papers_settings():
     assert [s["env"] for s in cfg["sources"]] == ["swe", "swe"]
     learner = cfg["learner"]  # the Megatron learner, laid out for one 8-GPU node
     assert learner["_target_"] == "training.learners.megatron.MegatronLearner"
-    assert learner["tensor_parallel"] * learner["pipeline_parallel"] == 4 and learner["dtype"] == "bfloat16"
+    # tensor 8 x data 1: the layout the memory plan accepts beside the engine on an H100 (tests/test_plan.py)
+    assert learner["tensor_parallel"] * learner["pipeline_parallel"] == 8 and learner["dtype"] == "bfloat16"
 
 
 def test_swe_verified_sources_load_a_real_mix(monkeypatch):
