@@ -81,10 +81,15 @@ class GradeResult:
     empty_patch: bool = False
     test_edits: list[str] = field(default_factory=list)  # test infrastructure the patch edits unasked
     duration_s: float = 0.0
+    # the canary tests (envs/canary.py): "ok", "unsupported (...)" for a runner or parser that
+    # cannot take them, "" where the env has none; `tampered` says what the log showed instead
+    # of the canaries' pass and fail (the grade is then unresolved, whatever else it claims)
+    canary: str = ""
+    tampered: str | None = None
 
     @property
     def reward(self) -> float:
-        return 1.0 if self.resolved else 0.0
+        return 1.0 if self.resolved and not self.tampered else 0.0
 
 
 ANSWER_FILE = "/testbed/.answer"  # where the agent's `answer` tool puts its value, for the env's grader

@@ -27,6 +27,7 @@ from swebench.harness.utils import make_test_spec
 
 from envs import smith_parsers  # noqa: F401 (registers swesmith's parsers, which swebench lacks)
 from envs.base import EnvBase, GradeResult, Task, register_env
+from envs.canary import CANARY_OK, MODULES_FILE, Canary, canary_support, guarded, read_runner_modules, shadowing_edits, tampered
 from envs.log_parsers import EXPECTED_TYPES, expected_verdict  # (registers R2E's, SWE-Next's and SWE-Gym's)
 from sandbox.base import WORKDIR, Sandbox, SandboxError
 from sandbox.docker import DEFAULT_IMAGE
@@ -115,6 +116,13 @@ def test_infra_edits(task: Task, patch: str) -> list[str]:
 test_infra_edits.__test__ = False  # not a test, for pytest, where a test module imports it by name
 
 
+def canary_dir(task: Task) -> str:
+    """Where a grading run's canary tests go: beside the task's first test file (its rootdir and
+    conftest files are the real tests' own)."""
+    named = task.test_files or modified_files(task.test_patch) or re.findall(r"diff --git a/(\S+) b/", task.test_patch)
+    return str(PurePosixPath(named[0]).parent) if named else "."
+
+
 def start_of(task: Task) -> str:
     """The revision the agent's work is diffed against and grading resets to."""
     return START_REF if task.setup_script else task.base_commit
@@ -163,15 +171,19 @@ def test_spec_for(task: Task):
 class SWEEnv(EnvBase):
     """SWE-bench-style tasks. `test_timeout_s` bounds one run of a task's tests;
     `reject_test_edits`: a patch that edits test infrastructure the task does not name
-    (`test_infra_edits`) is graded unresolved, said why (it is flagged either way)."""
+    (`test_infra_edits`), or shadows a module the test runner loads, is graded unresolved, said
+    why (it is flagged either way). `canaries`: pytest tasks are graded with canary tests and a
+    runner not taken from the workdir (envs/canary.py); a log whose canaries do not read pass and
+    fail is `tampered`, unresolved."""
 
     grades_patch = True  # the workspace's diff, graded in a fresh sandbox from the task's image
 
     def __init__(self, image: str = DEFAULT_IMAGE, test_timeout_s: float = 300.0, prompt_file: str | None = None,
-                 reject_test_edits: bool = False):
+                 reject_test_edits: bool = False, canaries: bool = True):
         self.default_image = image
         self.test_timeout_s = test_timeout_s
         self.reject_test_edits = reject_test_edits
+        self.canaries = canaries  # off: the runner and the test command exactly as the task gives them
         self.prompt_template = Path(prompt_file or PROMPT_FILE).read_text()
 
     def image_for(self, task: Task) -> str:
@@ -247,9 +259,20 @@ class SWEEnv(EnvBase):
                 return self._finish(result, task, patch, start)
         result.patch_applied = True
         spec = test_spec_for(task)
-        sandbox.write_file("/tmp/sao_eval.sh", spec.eval_script)
+        result.canary = canary_support(spec.eval_script, task.log_parser) if self.canaries else "off"
+        canary = Canary.make(canary_dir(task)) if result.canary == CANARY_OK else None
+        sandbox.write_file("/tmp/sao_eval.sh", guarded(spec.eval_script, canary) if self.canaries else spec.eval_script)
         r = sandbox.exec("bash /tmp/sao_eval.sh", timeout=self.test_timeout_s, output_limit=4_000_000)
         result.log = r.output
+        try:  # the modules the runner loaded, as this image's runner loads them
+            runner_modules = read_runner_modules(sandbox.read_file(MODULES_FILE))
+        except (FileNotFoundError, SandboxError):
+            runner_modules = {}
+        shadows = [f for f in shadowing_edits(list(patched_files(patch)), runner_modules, sandbox.workdir)
+                   if f not in result.test_edits]
+        result.test_edits += shadows
+        if shadows and self.reject_test_edits and result.error is None:
+            result.error = "the patch shadows a module the test runner loads: " + ", ".join(shadows)
         if r.timed_out:
             result.timed_out = True
             result.error = f"tests timed out after {self.test_timeout_s:g}s"
@@ -257,7 +280,7 @@ class SWEEnv(EnvBase):
             result.log += f"\n{TESTS_TIMEOUT}\n\nTimeout error: {self.test_timeout_s:g} seconds exceeded.\n"
         elif r.oom_killed:
             result.error = "tests were killed: out of memory"
-        return self._finish(result, task, patch, start, spec)
+        return self._finish(result, task, patch, start, spec, canary)
 
     def _apply(self, sandbox: Sandbox, patch: str) -> tuple[str, str] | None:
         """Apply `patch` to the workspace as swebench does: None when it applied, else the log
@@ -284,10 +307,11 @@ class SWEEnv(EnvBase):
         result.log = log
         return self._finish(result, task, patch, time.monotonic())
 
-    def _finish(self, result: GradeResult, task: Task, patch: str, start: float, spec=None) -> GradeResult:
+    def _finish(self, result: GradeResult, task: Task, patch: str, start: float, spec=None,
+                canary: Canary | None = None) -> GradeResult:
         spec = spec or test_spec_for(task)
         if task.eval_type in EXPECTED_TYPES:
-            return self._finish_expected(result, task, start, spec)
+            return self._finish_expected(result, task, start, spec, canary)
         with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
             f.write(result.log)
             log_path = f.name
@@ -298,28 +322,41 @@ class SWEEnv(EnvBase):
         finally:
             Path(log_path).unlink(missing_ok=True)
         result.report = report
-        result.tests_status = status_map
+        result.tests_status = canary.drop(status_map) if canary else status_map
         result.resolved = bool(report["resolved"]) and result.error is None
+        self._check_canary(result, canary, status_map)
         if result.patch_applied and not report.get("patch_successfully_applied") and result.error is None:
             result.error = "the test log could not be read (the test patch failed or the suite did not run)"
         result.duration_s = time.monotonic() - start
         return result
 
-    def _finish_expected(self, result: GradeResult, task: Task, start: float, spec) -> GradeResult:
+    @staticmethod
+    def _check_canary(result: GradeResult, canary: Canary | None, status_map: dict[str, str]) -> None:
+        if canary is None or not result.patch_applied:
+            return
+        result.tampered = tampered(canary, status_map, result.resolved)
+        if result.tampered:
+            result.resolved = False
+            result.error = result.error or f"tampered: {result.tampered}"
+
+    def _finish_expected(self, result: GradeResult, task: Task, start: float, spec,
+                         canary: Canary | None = None) -> GradeResult:
         """R2E-style: the parsed log against the row's expected statuses (envs/log_parsers.py)."""
         with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
             f.write(result.log)
             log_path = f.name
         try:
-            status_map, found = get_logs_eval(spec, log_path)
+            full_map, found = get_logs_eval(spec, log_path)
         finally:
             Path(log_path).unlink(missing_ok=True)
+        status_map = canary.drop(full_map) if canary else full_map
         resolved, wrong = expected_verdict(task.eval_type, task.expected_output, status_map) if found else (False, {})
         result.tests_status = status_map
         result.report = {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": found,
                          "resolved": resolved, "tests_status": {"expected": len(task.expected_output),
                                                                 "mismatched": dict(list(wrong.items())[:50])}}
         result.resolved = resolved and result.error is None
+        self._check_canary(result, canary, full_map)
         if result.patch_applied and not found and result.error is None:
             result.error = "the test log could not be read (the suite did not run)"
         result.duration_s = time.monotonic() - start

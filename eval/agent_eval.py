@@ -32,7 +32,7 @@ import time
 import traceback
 import zlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -76,9 +76,13 @@ class RolloutRecord:
     answer: str | None = None  # a final-answer env's answer (eval/math.py); None: none given
     error: str | None = None
     seconds: float = 0.0  # rollout and grading
+    test_edits: list[str] = field(default_factory=list)  # test infrastructure the patch edits unasked
+    tampered: str | None = None  # the canary tests did not read pass and fail (envs/canary.py)
+    swebench_resolved: bool = False  # swebench's own verdict of the log
 
     def outcome(self) -> InstanceOutcome:
-        return InstanceOutcome(self.instance_id, self.status, error=self.error)
+        return InstanceOutcome(self.instance_id, self.status, error=self.error, test_edits=self.test_edits,
+                               tampered=self.tampered, swebench_resolved=self.swebench_resolved)
 
 
 def job_dir(out: Path, run: int, instance_id: str) -> Path:
@@ -140,6 +144,8 @@ def swe_rollout(agent: Agent, task: Task, env: Env, pool: SandboxPool, inst: Pat
         prediction = {"instance_id": task.instance_id, "model_name_or_path": model_name, "model_patch": patch}
         graded = grade_one(task, prediction, env, pool, inst.parent)  # writes into inst
         record.status, record.error = graded.status, graded.error
+        record.test_edits, record.tampered = graded.test_edits, graded.tampered
+        record.swebench_resolved = graded.swebench_resolved
         traj.reward = 1.0 if graded.status == "resolved" else 0.0
         if graded.result is not None:
             traj.info["grade"] = {k: v for k, v in asdict(graded.result).items() if k != "log"}

@@ -10,7 +10,7 @@ import json
 import logging
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,11 @@ class InstanceOutcome:
     status: str  # resolved | unresolved | empty_patch | error | incomplete
     result: GradeResult | None = None
     error: str | None = None
+    # counted apart in every report (SWE-bench's grading does not reject them): test
+    # infrastructure the patch edits unasked, and a log whose canary tests were tampered with
+    test_edits: list[str] = field(default_factory=list)
+    tampered: str | None = None
+    swebench_resolved: bool = False  # swebench's own verdict of the log (a tampered one included)
 
 
 def grade_one(task: Task, prediction: dict[str, Any], env: Env, pool: SandboxPool, out_dir: Path) -> InstanceOutcome:
@@ -90,9 +95,11 @@ def grade_one(task: Task, prediction: dict[str, Any], env: Env, pool: SandboxPoo
         return InstanceOutcome(iid, "error", error=reason)
     (inst_dir / "test_output.txt").write_text(result.log)
     report = {iid: {**result.report, "tests_status_map": result.tests_status, "error": result.error,
-                    "timed_out": result.timed_out, "duration_s": round(result.duration_s, 2)}}
+                    "timed_out": result.timed_out, "duration_s": round(result.duration_s, 2),
+                    "canary": result.canary, "tampered": result.tampered, "test_edits": result.test_edits}}
     (inst_dir / "report.json").write_text(json.dumps(report, indent=2))
-    return InstanceOutcome(iid, "resolved" if result.resolved else "unresolved", result)
+    return InstanceOutcome(iid, "resolved" if result.resolved else "unresolved", result, test_edits=result.test_edits,
+                           tampered=result.tampered, swebench_resolved=bool(result.report.get("resolved")))
 
 
 def grade_all(

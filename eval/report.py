@@ -91,7 +91,17 @@ def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[In
         "error_ids": ids("error"),
         "error_reasons": {o.instance_id: o.error for o in outcomes if o.status == "error"},
         "resolved_rate": len(ids("resolved")) / total if total else 0.0,
-        "schema_version": 2,
+        # counted apart: patches that edit test infrastructure unasked (SWE-bench grades them as
+        # it would any patch) and logs whose canary tests were tampered with (unresolved here;
+        # swebench_resolved_instances is swebench's own count, those included)
+        "test_edit_instances": sum(bool(o.test_edits) for o in outcomes),
+        "test_edit_ids": sorted(o.instance_id for o in outcomes if o.test_edits),
+        "tampered_instances": sum(bool(o.tampered) for o in outcomes),
+        "tampered_ids": sorted(o.instance_id for o in outcomes if o.tampered),
+        "tampered_reasons": {o.instance_id: o.tampered for o in outcomes if o.tampered},
+        "swebench_resolved_instances": sum(o.status == "resolved" or bool(o.tampered and o.swebench_resolved)
+                                           for o in outcomes),
+        "schema_version": 3,
     }
 
 
@@ -121,6 +131,12 @@ def print_summary(report: dict[str, Any], tasks: list[Task], outcomes: list[Inst
     console.print(table)
     for iid, reason in report["error_reasons"].items():
         console.print(f"[red]error[/red] {iid}: {escape(reason)}", soft_wrap=True)
+    if report.get("test_edit_instances"):
+        console.print(f"[yellow]test edits[/yellow] (test infrastructure the patch edits unasked): "
+                      f"{report['test_edit_instances']}: {', '.join(report['test_edit_ids'])}", soft_wrap=True)
+    for iid, reason in (report.get("tampered_reasons") or {}).items():
+        console.print(f"[red]tampered[/red] {iid}: {escape(reason)} (unresolved here; swebench's verdict: "
+                      f"{report['swebench_resolved_instances']} resolved in all)", soft_wrap=True)
     if report["failure_reasons"]:
         console.print(f"likely infrastructure failures: {report['infra_failure_instances']}, ambiguous failures: "
                       f"{report['ambiguous_failure_instances']} (why: failure_reasons in report.json)")

@@ -51,6 +51,7 @@ def check(source: str, split: str, layout: str | None, decontaminate: str | None
     if len(per_repo) > 30:
         table.add_row(f"... {len(per_repo) - 30} more", str(sum(n for _, n in per_repo.most_common()[30:])))
     console.print(table)
+    _canaries(tasks, console)
     missing = _missing_images(tasks, SWEEnv(), console)
     dropped = 0
     if decontaminate:
@@ -59,6 +60,27 @@ def check(source: str, split: str, layout: str | None, decontaminate: str | None
         console.print(f"decontamination against {decontaminate}: {dropped} row(s) would be dropped"
                       + (f" (first: {', '.join(t.instance_id for t in gone[:5])})" if gone else ""))
     return 1 if errors or repeated or missing else 0
+
+
+def canary_support_of(tasks: list[Task]) -> Counter:
+    """Each task's canary support (envs/canary.py): `ok`, or what stops a canary."""
+    from envs.canary import canary_support
+    from envs.swe import test_spec_for
+
+    support: Counter = Counter()
+    for t in tasks:
+        try:
+            support[canary_support(test_spec_for(t).eval_script, t.log_parser)] += 1
+        except ValueError as e:  # no eval script to read (an unknown parser): said with the rest
+            support[f"unsupported ({e})"] += 1
+    return support
+
+
+def _canaries(tasks: list[Task], console) -> None:
+    """How many tasks take canary tests when graded, and why the others cannot."""
+    support = canary_support_of(tasks)
+    console.print(f"canary tests: {support.pop('ok', 0)} of {len(tasks)} tasks"
+                  + ("; " + ", ".join(f"{n} {why}" for why, n in support.most_common()) if support else ""))
 
 
 def _missing_images(tasks: list[Task], env, console) -> int:

@@ -76,6 +76,7 @@ def test_grading_cost_benchmark_grades_all_three_ways(tmp_path, docker_client):
     result = json.loads(out.read_text())
     assert result["rollouts"] == 2 and result["verdicts_agree"] == 2  # all three ways judge alike
     assert result["in_place_mean_s"] > 0 and result["fresh_mean_s"] > 0 and result["prepared_mean_s"] > 0
+    assert result["canary_gold_resolved"] == 2 and result["canary_mean_s"] > 0 and result["no_canary_mean_s"] > 0
 
 
 def test_crash_drill_loses_no_rollout_and_leaves_no_container(docker_client):

@@ -315,10 +315,13 @@ class Orchestrator:
             "rollout/turns_mean": sum(t.turns for t in batch) / len(batch),
             # patches that edit test infrastructure the task does not name (rejected with env.reject_test_edits)
             "rollout/test_edits_frac": sum(bool(t.info.get("grade", {}).get("test_edits")) for t in batch) / len(batch),
+            # graded logs whose canary tests did not read pass and fail (envs/canary.py): reward 0
+            "reward/tampered": sum(bool(t.info.get("grade", {}).get("tampered")) for t in batch) / len(batch),
             "engine/version": float(self.engine.version),
             "engine/batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0),  # requests decoded together
         })
         metrics.update(self.engine.metrics() if hasattr(self.engine, "metrics") else {})
+        metrics.update(self.pool.metrics() if hasattr(self.pool, "metrics") else {})  # sandbox/disk_quota: the bound in force
         for reason in EXIT_REASONS:
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
         self.on_step(self.step, metrics, batch)
