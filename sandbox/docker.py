@@ -4,6 +4,13 @@ Every container runs with no network, memory / CPU / pids limits and a fixed wor
 carries labels (`sao.sandbox`, `sao.run_id`, `sao.host`, `sao.pid`) so `sweep()` can remove
 the leftovers of runs that died. A container is removed on `close()`, on leaving its `with`
 block (exceptions and Ctrl-C included) and at interpreter exit.
+
+What a sandbox writes is bounded by `Limits.disk_mb` one of two ways (`DockerSandbox.disk_bound`):
+"quota" where the engine takes `--storage-opt size=` (overlay2 on XFS mounted with project
+quotas, or the btrfs driver; scripts/docker_quota.sh starts such an engine): the kernel refuses a
+write past the limit (ENOSPC, or EDQUOT on btrfs). "watch" elsewhere (overlay2 on ext4, the
+usual case): the writable layer is measured every DISK_POLL_S while a command runs and the
+command is killed once it is past the limit, so a fast writer gets somewhat past it first.
 """
 
 from __future__ import annotations
@@ -42,8 +49,20 @@ HOST_GRACE_S = 10.0
 _TIMEOUT_EXIT = 124  # GNU timeout's status when it had to stop the command
 _DIFF_LIMIT = 20_000_000
 
+# Under a quota, a failed write says one of these; seen in a command's output, the sandbox is
+# probed (a write of QUOTA_PROBE_KB as root): refused, it is full.
+_QUOTA_MESSAGES = (b"No space left on device", b"Disk quota exceeded")
+QUOTA_PROBE_KB = 1024
+_QUOTA_PROBE = (f"dd if=/dev/zero of=/.sao-disk-probe bs=64k count={QUOTA_PROBE_KB // 64} 2>/dev/null; "
+                "s=$?; rm -f /.sao-disk-probe; exit $s")
+
 _live: dict[str, "DockerSandbox"] = {}
 _live_lock = threading.Lock()
+# engine (its API address) -> the filesystem whose quota bounds a container's writes there
+# ("xfs", "btrfs"), or "" where none does: found out once per process and engine
+_quota_fs: dict[str, str] = {}
+_quota_why: dict[str, str] = {}  # engine -> why it has no quota ("" where it has one)
+_quota_lock = threading.Lock()
 
 
 def client() -> docker.DockerClient:
@@ -60,8 +79,109 @@ def client() -> docker.DockerClient:
         ) from e
 
 
+def quota_fs(docker_client: docker.DockerClient, image: str = DEFAULT_IMAGE) -> str:
+    """The filesystem ("xfs" or "btrfs") whose quota bounds what a container of this engine
+    writes (`--storage-opt size=`), or "" where it does not (the disk is watched). Asked once
+    per process and engine: the engine's storage driver, then one container created (not
+    started) from `image` with a size, to see the engine take it. SAO_DISK_BOUND=watch skips
+    the quota wherever it could be had."""
+    key = _engine_key(docker_client)
+    with _quota_lock:
+        if key not in _quota_fs:
+            fs, why = _find_quota_fs(docker_client, image)
+            _quota_fs[key], _quota_why[key] = fs, why
+            if fs:
+                log.info("sandbox disk limit: a %s quota (--storage-opt size) at %s: a write past it fails", fs, key)
+            else:
+                log.warning("sandbox disk limit: watched, not a quota (%s); a command is killed within about "
+                            "%.0f s of passing it, so a fast writer gets past it first", why, DISK_POLL_S)
+        return _quota_fs[key]
+
+
+def disk_bound_of(docker_client: docker.DockerClient) -> str | None:
+    """"quota" or "watch" for an engine this process has started a sandbox on; None before."""
+    fs = _quota_fs.get(_engine_key(docker_client))
+    return None if fs is None else ("quota" if fs else "watch")
+
+
+def no_quota_why(docker_client: docker.DockerClient) -> str:
+    """Why the disk limit is watched on this engine ("" under a quota, or not yet asked)."""
+    return _quota_why.get(_engine_key(docker_client), "")
+
+
+def _engine_key(docker_client: docker.DockerClient) -> str:
+    """Where the engine answers: its socket's path (docker-py names every socket's URL
+    http+docker://localhost), else its URL."""
+    api = docker_client.api
+    return getattr(getattr(api, "_custom_adapter", None), "socket_path", None) or api.base_url
+
+
+def _find_quota_fs(docker_client: docker.DockerClient, image: str) -> tuple[str, str]:
+    if os.environ.get("SAO_DISK_BOUND", "auto") == "watch":
+        return "", "SAO_DISK_BOUND=watch"
+    info = docker_client.info()  # no answer: raised, and asked again at the next sandbox
+    driver = info.get("Driver") or "?"
+    backing = dict((row + ["", ""])[:2] for row in info.get("DriverStatus") or []).get("Backing Filesystem", "")
+    if driver == "overlay2" and backing == "xfs":
+        fs = "xfs"
+    elif driver == "btrfs":
+        fs = "btrfs"
+    else:
+        return "", (f"storage driver {driver}" + (f" on {backing}" if backing else "")
+                    + " takes no --storage-opt size; scripts/docker_quota.sh starts an engine that does")
+    try:  # overlay2 on XFS takes it only when mounted with pquota: ask the engine
+        size = f"{_quota_size_mb(docker_client, fs, image, 64)}M"
+        ct = docker_client.containers.create(
+            image, ["true"], network_mode="none", storage_opt={"size": size},
+            labels={LABEL: "1", "sao.run_id": "disk-bound-check", "sao.host": socket.gethostname(), "sao.pid": str(os.getpid())})
+    except docker.errors.ImageNotFound:
+        raise
+    except docker.errors.APIError as e:
+        return "", f"the engine ({driver} on {backing or fs}) refused --storage-opt size: {e.explanation or e}"
+    try:
+        ct.remove(force=True)
+    except docker.errors.APIError:
+        pass  # the sweep removes it
+    return fs, ""
+
+
+def _quota_size_mb(docker_client: docker.DockerClient, fs: str, image: str, disk_mb: int) -> int:
+    """The `--storage-opt size` (MiB) that lets a container of `image` write `disk_mb`. On XFS the
+    project quota covers the writable layer alone: `disk_mb`. A btrfs qgroup limit counts all the
+    container's subvolume refers to, the image's files too: `disk_mb` plus the image's size (its
+    file bytes; btrfs also counts their metadata and block rounding, so a little less than
+    `disk_mb` can be written: never more)."""
+    if fs != "btrfs":
+        return disk_mb
+    size = docker_client.images.get(image).attrs.get("Size") or 0
+    return disk_mb + -(-int(size) // 2**20)
+
+
+class _QuotaMessages:
+    """Watches a command's output for the messages of a write the quota refused (split across
+    chunks included); `new()` says whether one came since it was last asked."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._new = False
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        text = self._tail + chunk
+        if any(m in text for m in _QUOTA_MESSAGES):
+            self.seen = self._new = True
+        self._tail = text[-max(len(m) for m in _QUOTA_MESSAGES):]
+
+    def new(self) -> bool:
+        new, self._new = self._new, False
+        return new
+
+
 class DockerSandbox:
-    """A running container with a workspace at `workdir`. Use as a context manager."""
+    """A running container with a workspace at `workdir`. Use as a context manager.
+
+    `disk_bound`: "quota" when the engine refuses writes past `limits.disk_mb` itself, "watch"
+    when the writable layer is measured while commands run (see the module's docstring)."""
 
     def __init__(
         self,
@@ -94,6 +214,11 @@ class DockerSandbox:
         environment = {"PYTHONDONTWRITEBYTECODE": "1", "PAGER": "cat", "GIT_PAGER": "cat", "LC_ALL": "C.UTF-8"}
         environment.update(env or {})
         try:
+            self.quota_fs = quota_fs(self._client, image)
+            self.disk_bound = "quota" if self.quota_fs else "watch"
+            storage_opt = None
+            if self.quota_fs:
+                storage_opt = {"size": f"{_quota_size_mb(self._client, self.quota_fs, image, limits.disk_mb)}M"}
             self._container = self._client.containers.run(
                 image,
                 command=["sleep", "infinity"],
@@ -116,6 +241,7 @@ class DockerSandbox:
                 labels=labels,
                 environment=environment,
                 hostname="sandbox",
+                storage_opt=storage_opt,  # the disk limit, where the engine takes it (else watched)
             )
         except docker.errors.ImageNotFound as e:
             raise SandboxError(
@@ -165,7 +291,9 @@ class DockerSandbox:
         # the group id is written down so what the command left running is killed after it.
         self._n_exec += 1
         pgid_file = f"/tmp/.sao-pgid-{self._n_exec}"
-        wrapped = f"echo $$ > {pgid_file}; exec timeout -k 3 {timeout:g} bash -c {shlex.quote(cmd)}"
+        # (on a sandbox full to its quota the group id cannot be written: said nowhere, and its
+        # processes are then stopped by _kill_all alone)
+        wrapped = f"{{ echo $$ > {pgid_file}; }} 2>/dev/null; exec timeout -k 3 {timeout:g} bash -c {shlex.quote(cmd)}"
         api = self._client.api
         start = time.monotonic()
         try:
@@ -175,22 +303,26 @@ class DockerSandbox:
         except docker.errors.APIError as e:
             raise SandboxError(f"exec failed in sandbox {self.id[:12]}: {e}") from e
         cap = OutputCap(limit)
+        refused = _QuotaMessages()
 
         def pump() -> None:
             try:
                 for chunk in stream:
                     cap.feed(chunk)
+                    refused.feed(chunk)
             except Exception as e:  # the stream dies when we kill the processes below
                 log.debug("exec stream ended: %s", e)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        # the writable layer is watched while the command runs: a command filling the disk is
-        # stopped within DISK_POLL_S (overlay2 on most filesystems has no size limit of its own)
+        # Under a quota the kernel refuses writes past the limit; a command that says so and goes
+        # on (a writer in a loop) is stopped once a probe finds the sandbox full. Under the watch
+        # the writable layer is measured while the command runs: a command filling the disk is
+        # stopped within DISK_POLL_S (overlay2 on most filesystems has no size limit of its own).
         deadline, disk_full = start + timeout + HOST_GRACE_S, False
         while reader.is_alive() and time.monotonic() < deadline:
             reader.join(min(DISK_POLL_S, max(0.0, deadline - time.monotonic())))
-            if reader.is_alive() and self._over_disk():
+            if reader.is_alive() and self._disk_full_now(refused):
                 disk_full = True
                 self._kill_all()
                 reader.join(5)
@@ -212,7 +344,8 @@ class DockerSandbox:
                                f"(restarted or stopped?): {e}") from e
         timed_out = host_killed or (exit_code in (_TIMEOUT_EXIT, 137) and duration >= timeout * 0.98)
         output, truncated = cap.text()
-        disk_full = disk_full or self._over_disk()
+        if not disk_full:  # or left it full: said after the command as well
+            disk_full = ((refused.seen or timed_out) and self._at_quota()) if self.quota_fs else self._over_disk()
         oom = exit_code == 137 and not timed_out and not disk_full and self._oom_count_grew()
         return ExecResult(exit_code, output, timed_out and not disk_full, truncated, oom, duration,
                           disk_full_mb=self.limits.disk_mb if disk_full else 0)
@@ -236,11 +369,29 @@ class DockerSandbox:
             return False
         return (info.get("SizeRw") or 0) > self.limits.disk_mb * 2**20
 
+    def _disk_full_now(self, refused: _QuotaMessages) -> bool:
+        """While a command runs, whether to stop it for the disk: under a quota, when it has said
+        a write was refused since the last look and a probe finds the sandbox full (the bytes are
+        bounded anyway; this stops a writer that goes on failing); under the watch, when the
+        writable layer is past the limit."""
+        if self.quota_fs:
+            return refused.new() and self._at_quota()
+        return self._over_disk()
+
+    def _at_quota(self) -> bool:
+        """Under a quota: True when the sandbox cannot take QUOTA_PROBE_KB more (a probe's
+        write, as root, refused)."""
+        try:
+            r = self._container.exec_run(["sh", "-c", _QUOTA_PROBE], user="root")
+        except docker.errors.APIError:
+            return False
+        return r.exit_code not in (0, 126, 127)  # dd refused the write; not "no dd" or "no sh"
+
     def _kill_group(self, pgid_file: str) -> None:
         # Kill again until the group is empty: children forked mid-kill escape one round. Only
         # shell builtins until the group is gone, since a fork bomb leaves no pid to fork with.
         script = (
-            f"[ -e {pgid_file} ] || exit 0; read g < {pgid_file} || exit 1; "
+            f"[ -s {pgid_file} ] || {{ rm -f {pgid_file}; exit 0; }}; read g < {pgid_file} || exit 1; "
             "while kill -9 -$g 2>/dev/null; do :; done; "
             f"rm -f {pgid_file}; true"
         )

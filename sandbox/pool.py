@@ -14,7 +14,7 @@ from typing import Iterator
 import docker
 
 from sandbox.base import Limits, SandboxError
-from sandbox.docker import DockerSandbox, client, sweep
+from sandbox.docker import DockerSandbox, client, disk_bound_of, sweep
 
 log = logging.getLogger(__name__)
 # Warm containers are kept for the images asked for most recently, this many: a dataset with an
@@ -102,6 +102,18 @@ class SandboxPool:
                 yield sb
             finally:
                 sb.close()
+
+    @property
+    def disk_bound(self) -> str | None:
+        """How the engine bounds what a sandbox writes: "quota" (the kernel refuses writes past
+        `limits.disk_mb`), "watch" (a command is killed once past it), None before the first sandbox."""
+        return disk_bound_of(self._client)
+
+    def metrics(self) -> dict[str, float]:
+        """The pool's numbers for a run's metrics: `sandbox/disk_quota` 1 where the disk limit
+        is a quota, 0 where it is watched (absent before the first sandbox)."""
+        bound = self.disk_bound
+        return {} if bound is None else {"sandbox/disk_quota": float(bound == "quota")}
 
     def wait_for_engine(self) -> None:
         """Return once the Docker engine answers; wait for it (one thread asks, the others queue

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Start dockerd on a filesystem where `--storage-opt size=` is an exact bound on what a container
+# writes, so a sandbox's disk limit (Limits.disk_mb) is enforced by the kernel, not watched:
+#
+#   1. XFS mounted with project quotas (pquota): overlay2 puts each container's writable layer
+#      under a project quota of `size`; a write past it fails with ENOSPC.
+#   2. else Btrfs (kernels built without XFS quota support, such as this project's VMs): the
+#      btrfs driver puts each container's subvolume under a qgroup limit; a write past it fails
+#      with EDQUOT ("Disk quota exceeded").
+#   3. else the plain daemon on its default data root (and sandbox/docker.py watches the disk).
+#
+# The filesystem lives in a sparse loop file (its size is capped by the free space beside it),
+# mounted at the daemon's data root. Idempotent: a data root already mounted is reused, a loop
+# file already made is mounted again (after a reboot), and when a daemon already answers on the
+# socket nothing is changed at all.
+#
+#   scripts/docker_quota.sh [-- EXTRA DOCKERD ARGS]       (as root)
+#
+# Settings (environment):
+#   SAO_DOCKER_FS       auto (xfs, then btrfs, then plain) | xfs | btrfs | plain      [auto]
+#   SAO_DOCKER_ROOT     mount point and --data-root                     [/var/lib/docker-quota]
+#   SAO_DOCKER_IMG      the loop file                                   [$SAO_DOCKER_ROOT.img]
+#   SAO_DOCKER_IMG_GB   the loop file's size in GB (sparse)                               [40]
+#   SAO_DOCKER_HOST     the socket to serve                  [unix:///var/run/docker.sock]
+#   SAO_DOCKER_PIDFILE, SAO_DOCKER_EXEC_ROOT   dockerd's --pidfile, --exec-root  [its defaults]
+#   SAO_DOCKER_LOG      dockerd's log                                  [/var/log/sao-dockerd.log]
+#   SAO_DOCKER_FALLBACK plain: start the plain daemon when no quota filesystem can be had;
+#                       none: start nothing then (exit 2)                                [plain]
+# A second daemon beside the main one (development, benchmarks) sets SAO_DOCKER_HOST,
+# SAO_DOCKER_PIDFILE, SAO_DOCKER_EXEC_ROOT and SAO_DOCKER_ROOT to paths of its own, and
+# SAO_DOCKER_FALLBACK=none: the plain daemon would share the main one's data root.
+# Prints, last, one line `bound: quota (xfs)`, `bound: quota (btrfs)` or `bound: watch (...)`.
+set -uo pipefail
+
+FS="${SAO_DOCKER_FS:-auto}"
+DATA_ROOT="${SAO_DOCKER_ROOT:-/var/lib/docker-quota}"
+IMG="${SAO_DOCKER_IMG:-$DATA_ROOT.img}"
+IMG_GB="${SAO_DOCKER_IMG_GB:-40}"
+HOST="${SAO_DOCKER_HOST:-unix:///var/run/docker.sock}"
+LOG="${SAO_DOCKER_LOG:-/var/log/sao-dockerd.log}"
+FALLBACK="${SAO_DOCKER_FALLBACK:-plain}"
+EXTRA=()
+[ "${1:-}" = "--" ] && shift
+EXTRA+=("$@")
+DAEMON_ARGS=(--host "$HOST")
+[ -n "${SAO_DOCKER_PIDFILE:-}" ] && DAEMON_ARGS+=(--pidfile "$SAO_DOCKER_PIDFILE")
+[ -n "${SAO_DOCKER_EXEC_ROOT:-}" ] && DAEMON_ARGS+=(--exec-root "$SAO_DOCKER_EXEC_ROOT")
+MIN_GB=8  # below this a loop file is not worth it: the plain daemon instead
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+warn() { printf 'docker_quota: %s\n' "$*" >&2; }
+answers() { DOCKER_HOST="$HOST" docker info >/dev/null 2>&1; }
+
+if [ "$(id -u)" != 0 ]; then echo "error: scripts/docker_quota.sh must run as root" >&2; exit 1; fi
+case "$FS" in auto|xfs|btrfs|plain) ;; *) echo "error: SAO_DOCKER_FS=$FS: auto, xfs, btrfs or plain" >&2; exit 1;; esac
+
+if answers; then
+  driver=$(DOCKER_HOST="$HOST" docker info --format '{{.Driver}}' 2>/dev/null)
+  say "a Docker engine already answers at $HOST (storage driver $driver): left as it is"
+  exit 0
+fi
+
+mounted_fs() {  # the filesystem type mounted at $DATA_ROOT ('' if none), and its options
+  findmnt -n -o FSTYPE,OPTIONS --mountpoint "$DATA_ROOT" 2>/dev/null | head -1
+}
+
+# xfs with project quotas, or btrfs, mounted at $DATA_ROOT: echo its type (xfs|btrfs); 1 if not
+mount_fs() {
+  local want="$1" have opts
+  read -r have opts <<<"$(mounted_fs)"
+  if [ -n "${have:-}" ]; then  # already mounted (an earlier run): reuse it if it is one we can use
+    if [ "$have" = xfs ] && [[ ",$opts," == *,prjquota,* || ",$opts," == *,pquota,* ]] && [ "$want" != btrfs ]; then
+      echo xfs; return 0
+    fi
+    if [ "$have" = btrfs ] && [ "$want" != xfs ]; then echo btrfs; return 0; fi
+    warn "$DATA_ROOT is mounted ($have, $opts) but not as $want with quotas: not touched"
+    return 1
+  fi
+  mkdir -p "$DATA_ROOT" "$(dirname "$IMG")" || return 1
+  local made="" created=""
+  if [ -f "$IMG" ]; then
+    made=$(blkid -o value -s TYPE "$IMG" 2>/dev/null || true)
+  else
+    local free_gb size_gb
+    free_gb=$(( $(df -k --output=avail "$(dirname "$IMG")" | tail -1) / 1048576 ))
+    size_gb=$IMG_GB
+    if [ "$size_gb" -gt $(( free_gb * 9 / 10 )) ]; then
+      size_gb=$(( free_gb * 9 / 10 ))
+      warn "only $free_gb GB free beside $IMG: the loop file is made $size_gb GB, not $IMG_GB"
+    fi
+    if [ "$size_gb" -lt "$MIN_GB" ]; then
+      warn "$size_gb GB is too small for Docker's data (at least $MIN_GB GB)"; return 1
+    fi
+    truncate -s "${size_gb}G" "$IMG" || return 1
+    created=1
+  fi
+  local try
+  for try in xfs btrfs; do
+    [ "$want" = auto ] || [ "$want" = "$try" ] || continue
+    if [ -n "$made" ] && [ "$made" != "$try" ]; then continue; fi  # a made file keeps its filesystem
+    if [ -z "$made" ]; then
+      case $try in
+        xfs) command -v mkfs.xfs >/dev/null || { warn "no mkfs.xfs (Debian: xfsprogs)"; continue; }
+             mkfs.xfs -q -f "$IMG" >/dev/null 2>&1 || { warn "mkfs.xfs failed"; continue; } ;;
+        btrfs) command -v mkfs.btrfs >/dev/null || { warn "no mkfs.btrfs (Debian: btrfs-progs)"; continue; }
+               mkfs.btrfs -q -f "$IMG" >/dev/null 2>&1 || { warn "mkfs.btrfs failed"; continue; } ;;
+      esac
+    fi
+    local mopts=loop
+    [ "$try" = xfs ] && mopts=loop,pquota
+    if mount -o "$mopts" "$IMG" "$DATA_ROOT" 2>/dev/null; then echo "$try"; return 0; fi
+    warn "could not mount $IMG as $try (-o $mopts): $(dmesg 2>/dev/null | grep -iE 'xfs|btrfs|loop' | tail -1 | sed 's/^\[[^]]*\] //')"
+    made=""  # this file's filesystem cannot be mounted here: the next one is made over it
+  done
+  [ -n "$created" ] && rm -f "$IMG"  # made by this run and of no use: not left behind
+  return 1
+}
+
+start_dockerd() {  # dockerd with "$@" in the background; 0 once it answers
+  nohup dockerd "${DAEMON_ARGS[@]}" "${EXTRA[@]}" "$@" >>"$LOG" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1 60); do
+    answers && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 1
+  done
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  return 1
+}
+
+fs=""
+if [ "$FS" != plain ]; then
+  if fs=$(mount_fs "$FS"); then
+    driver=overlay2; [ "$fs" = btrfs ] && driver=btrfs
+    say "starting dockerd on $fs at $DATA_ROOT (storage driver $driver; log: $LOG)"
+    if start_dockerd --data-root "$DATA_ROOT" --storage-driver "$driver"; then
+      # overlay2 takes project quotas only where its test quota works: check the engine agrees
+      backing=$(DOCKER_HOST="$HOST" docker info --format '{{range .DriverStatus}}{{index . 0}}={{index . 1}};{{end}}' 2>/dev/null)
+      if [ "$fs" = btrfs ] || [[ "$backing" == *"Backing Filesystem=xfs"* ]]; then
+        echo "bound: quota ($fs)"
+        exit 0
+      fi
+      warn "the engine reports '$backing', not overlay2 on xfs"
+      echo "bound: watch (the engine on $DATA_ROOT takes no quota)"
+      exit 0
+    fi
+    warn "dockerd did not start on $DATA_ROOT (see $LOG)"
+    umount "$DATA_ROOT" 2>/dev/null || true
+  fi
+fi
+
+if [ "$FALLBACK" = none ]; then
+  echo "bound: none (no filesystem with quotas: ${fs:-none could be mounted}; SAO_DOCKER_FALLBACK=none: no daemon started)"
+  exit 2
+fi
+say "starting the plain dockerd (no disk quota: the sandboxes' disk limit is watched; log: $LOG)"
+start_dockerd || { echo "error: dockerd did not start; see $LOG" >&2; exit 1; }
+echo "bound: watch (no filesystem with quotas: ${fs:-none could be mounted})"
