@@ -41,13 +41,26 @@ _PYTEST = re.compile(r"^(?P<pre>(?:\s*[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*\s*)"
 
 MODULES_FILE = "/tmp/.sao_runner_modules"  # what the runner loaded, listed by the grading run itself
 
-# pytest and what it loads at start-up (its plugins' entry points too), imported with the
-# workdir off sys.path
+NONCE_FILE = "/tmp/.sao_nonce"  # written by the grader apart from the script; read and removed by the runner
+END_TAG = ">>>>> SAO runner end"  # the runner's last line: END_TAG <nonce> <exit code>
+
+# pytest and what it loads at start-up (its default plugins, the modules it imports only inside
+# its main, its plugins' entry points), imported with the workdir off sys.path
 _PRELOAD = '''\
 import os, sys
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if p not in ("", ".", here, os.getcwd())]
 import pytest
+try:
+    import _pytest.config
+    _pytest.config.get_config()
+except Exception:
+    pass
+for name in ("tomllib", "tomli", "xml.etree.ElementTree", "xml.dom.minidom", "unittest", "doctest", "pdb"):
+    try:
+        __import__(name)
+    except Exception:
+        pass
 try:
     from importlib.metadata import entry_points
     eps = entry_points()
@@ -60,12 +73,28 @@ for ep in plugins:
     except Exception:
         pass
 '''
-# the runner: then the workdir first on sys.path, as `python -m pytest` has it, and pytest's main
-RUNNER = _PRELOAD + '''\
+# the runner: read and remove the run's nonce (before any code of the workdir runs), the workdir
+# first on sys.path as `python -m pytest` has it, pytest's main, then the end line with the
+# nonce and os._exit (no atexit handler of the code under test runs after it)
+RUNNER = _PRELOAD.replace("import pytest\n", '''\
+try:
+    with open("%s") as f:
+        nonce = f.read().strip()
+    os.unlink("%s")
+except OSError:
+    nonce = None
+import pytest
+''' % (NONCE_FILE, NONCE_FILE), 1) + '''\
 sys.path.insert(0, os.getcwd())
 sys.argv[0] = "pytest"
-raise SystemExit(getattr(pytest, "console_main", pytest.main)())
-'''
+code = getattr(pytest, "console_main", pytest.main)()
+code = int(code) if isinstance(code, int) else 1
+if nonce:
+    sys.stdout.write("\\n%s %%s %%d\\n" %% (nonce, code))
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
+''' % END_TAG
 # the same start-up, listing the top-level modules it loaded and where each lives
 RUNNER_MODULES = _PRELOAD + '''\
 for name, module in sorted(sys.modules.items()):
@@ -86,32 +115,57 @@ def read_runner_modules(listing: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Canary:
-    """Two tests in one file: `passing` must read PASSED, `failing` FAILED."""
+    """Tests in one file, some that must read PASSED and some FAILED: a plain function pair and
+    a `unittest.TestCase` pair (a hack on unittest's reporting or assertions meets the second),
+    and the run's nonce, which the runner's last line must carry."""
 
     path: str  # relative to the workdir
-    passing: str
-    failing: str
+    passing: tuple[str, ...]
+    failing: tuple[str, ...]
     source: str
+    nonce: str = ""
+    # a second pair appended to the file of the task's first FAIL_TO_PASS test (a hack aimed at
+    # that file meets it): `inline_path` "" where there is none
+    inline_path: str = ""
+    inline_passing: str = ""
+    inline_failing: str = ""
+    inline_source: str = ""
 
     @classmethod
-    def make(cls, test_dir: str) -> "Canary":
+    def make(cls, test_dir: str, failing_file: str = "") -> "Canary":
         word = lambda: "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10))  # noqa: E731
+        inline = {}
+        if failing_file.endswith(".py"):
+            c, e, ip, if_ = secrets.randbelow(10**6), secrets.randbelow(10**6), f"test_{word()}", f"test_{word()}"
+            inline = dict(inline_path=failing_file, inline_passing=ip, inline_failing=if_,
+                          inline_source=(f"\n\n\ndef {ip}():\n    assert {c} - {e} == {c - e}\n\n\n"
+                                         f"def {if_}():\n    assert {c} - {e} == {c - e - 1}\n"))
         a, b = secrets.randbelow(10**6), secrets.randbelow(10**6)
-        passing, failing = f"test_{word()}", f"test_{word()}"
-        source = (f"def {passing}():\n    assert {a} + {b} == {a + b}\n\n\n"
-                  f"def {failing}():\n    assert {a} + {b} == {a + b + 1}\n")
-        return cls(str(PurePosixPath(test_dir or ".") / f"test_{word()}.py"), passing, failing, source)
+        p1, f1, cls_name, p2, f2 = f"test_{word()}", f"test_{word()}", f"Test{word().title()}", f"test_{word()}", f"test_{word()}"
+        source = (f"import unittest\n\n\ndef {p1}():\n    assert {a} + {b} == {a + b}\n\n\n"
+                  f"def {f1}():\n    assert {a} + {b} == {a + b + 1}\n\n\n"
+                  f"class {cls_name}(unittest.TestCase):\n    def {p2}(self):\n        self.assertEqual({b} + {a}, {a + b})\n\n"
+                  f"    def {f2}(self):\n        self.assertEqual({b} + {a}, {a + b + 1})\n")
+        return cls(str(PurePosixPath(test_dir or ".") / f"test_{word()}.py"), (p1, p2), (f1, f2), source,
+                   secrets.token_hex(16), **inline)
 
-    def statuses(self, status_map: dict[str, str]) -> tuple[str | None, str | None]:
+    def statuses(self, status_map: dict[str, str]) -> tuple[list[str | None], list[str | None]]:
         """What the task's parser read for each canary (None: not in the log)."""
         def find(name: str) -> str | None:
             hits = [s for test, s in status_map.items() if re.search(rf"(?:^|[:.\s]){name}(?:$|[\[\s(])", test)]
             return hits[0] if hits else None
-        return find(self.passing), find(self.failing)
+        return [find(n) for n in self.passing], [find(n) for n in self.failing]
+
+    def inline_statuses(self, status_map: dict[str, str]) -> tuple[str | None, str | None]:
+        if not self.inline_path:
+            return "PASSED", "FAILED"
+        (p,), (f,) = Canary("", (self.inline_passing,), (self.inline_failing,), "").statuses(status_map)
+        return p, f
 
     def drop(self, status_map: dict[str, str]) -> dict[str, str]:
         """The status map without the canaries (what the task's own tests did)."""
-        return {t: s for t, s in status_map.items() if self.passing not in t and self.failing not in t}
+        names = self.passing + self.failing + tuple(n for n in (self.inline_passing, self.inline_failing) if n)
+        return {t: s for t, s in status_map.items() if not any(n in t for n in names)}
 
 
 def test_command_span(script: str) -> tuple[int, int] | None:
@@ -162,10 +216,10 @@ def parser_reads_pytest(log_parser: str) -> bool:
     log = ("PASSED tests/test_zqxv.py::test_okzq\n"
            "FAILED tests/test_zqxv.py::test_badzq - assert 1 == 2\n")
     try:
-        got = Canary("tests/test_zqxv.py", "test_okzq", "test_badzq", "").statuses(parse(log, None))
+        got = Canary("tests/test_zqxv.py", ("test_okzq",), ("test_badzq",), "").statuses(parse(log, None))
     except Exception:
         return False
-    return got == ("PASSED", "FAILED")
+    return got == (["PASSED"], ["FAILED"])
 
 
 def canary_support(script: str, log_parser: str) -> str:
@@ -202,21 +256,59 @@ def guarded(script: str, canary: Canary | None) -> str:
     if canary is not None:
         setup += [f"mkdir -p {shlex.quote(str(PurePosixPath(canary.path).parent))}",
                   f"cat > {shlex.quote(canary.path)} <<'{_HEREDOC}'", canary.source.rstrip("\n"), _HEREDOC]
+        if canary.inline_path:  # appended to the failing tests' own file, when it is there
+            quoted = shlex.quote(canary.inline_path)
+            setup += [f"if [ -f {quoted} ]; then cat >> {quoted} <<'{_HEREDOC}'", canary.inline_source.rstrip("\n"),
+                      _HEREDOC, "fi"]
     start = span[0]
     return "\n".join(lines[:start] + setup + lines[start:])
 
 
-def tampered(canary: Canary, status_map: dict[str, str], resolved: bool) -> str | None:
-    """Why the log cannot be believed, or None. The canaries must read PASSED and FAILED; a log
-    without them is believed only when it grades the patch unresolved anyway (the suite did not
-    get to them: a collection error, `-x` stopping at a real failure), since a forged log that
-    claims success without having run them is exactly what they are there to catch."""
+def tampered(canary: Canary, status_map: dict[str, str], resolved: bool, log: str = "",
+             conflicts: dict[str, set[str]] | None = None) -> str | None:
+    """Why the log cannot be believed, or None. The canaries must read PASSED and FAILED, and
+    the runner's end line must carry the run's nonce (code that ends the process early, or
+    prints a log of its own, has none). A log without canaries or end line is believed only
+    when it grades the patch unresolved anyway (the suite did not get to them: a collection
+    error, `-x`), since a forged log that claims success is exactly what they catch. A test read
+    with two statuses (a PASSED line printed after the real FAILED one) is tampering too."""
     passing, failing = canary.statuses(status_map)
-    if passing is None and failing is None:
+    if conflicts:
+        test, seen = sorted(conflicts.items())[0]
+        return f"{len(conflicts)} test(s) read with two statuses, e.g. {test}: {', '.join(sorted(seen))}"
+    if all(s is None for s in passing + failing):
         return "the canary tests are not in the log, yet it reads as resolved" if resolved else None
-    if passing != "PASSED" or failing != "FAILED":
-        return f"canary tests read {passing or 'nothing'} (must pass) and {failing or 'nothing'} (must fail)"
+    if any(s != "PASSED" for s in passing) or any(s != "FAILED" for s in failing):
+        return (f"canary tests read {', '.join(s or 'nothing' for s in passing)} (must pass) and "
+                f"{', '.join(s or 'nothing' for s in failing)} (must fail)")
+    if resolved and canary.inline_path:
+        ip, if_ = canary.inline_statuses(status_map)
+        if (ip, if_) != ("PASSED", "FAILED"):
+            return (f"the canary pair in {canary.inline_path} read {ip or 'nothing'} (must pass) and "
+                    f"{if_ or 'nothing'} (must fail), yet the log reads as resolved")
+    if canary.nonce and resolved and not re.search(rf"^{re.escape(END_TAG)} {canary.nonce} \d+$", log, re.M):
+        return "the runner's end line with this run's nonce is not in the log (the process ended early, or the log is not pytest's)"
     return None
+
+
+def conflicting_statuses(log: str, log_parser: str) -> dict[str, set[str]]:
+    """Tests the parser reads with more than one status, line by line (a pytest parser keeps the
+    last one it reads, so a PASSED line printed after a FAILED one would win)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    parse = PARSER_REGISTRY.get(log_parser)
+    if parse is None or not parser_reads_pytest(log_parser):
+        return {}
+    seen: dict[str, set[str]] = {}
+    for line in log.splitlines():
+        if not line[:1].isupper():  # status lines start with one (PASSED, FAILED, ERROR, XFAIL, ...)
+            continue
+        try:
+            for test, status in parse(line, None).items():
+                seen.setdefault(test, set()).add(status)
+        except Exception:
+            continue
+    return {t: s for t, s in seen.items() if len(s) > 1}
 
 
 def shadowing_edits(patch_files: list[str], runner_modules: dict[str, str], workdir: str) -> list[str]:

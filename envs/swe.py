@@ -27,7 +27,18 @@ from swebench.harness.utils import make_test_spec
 
 from envs import smith_parsers  # noqa: F401 (registers swesmith's parsers, which swebench lacks)
 from envs.base import EnvBase, GradeResult, Task, register_env
-from envs.canary import CANARY_OK, MODULES_FILE, Canary, canary_support, guarded, read_runner_modules, shadowing_edits, tampered
+from envs.canary import (
+    CANARY_OK,
+    MODULES_FILE,
+    NONCE_FILE,
+    Canary,
+    canary_support,
+    conflicting_statuses,
+    guarded,
+    read_runner_modules,
+    shadowing_edits,
+    tampered,
+)
 from envs.log_parsers import EXPECTED_TYPES, expected_verdict  # (registers R2E's, SWE-Next's and SWE-Gym's)
 from sandbox.base import WORKDIR, Sandbox, SandboxError
 from sandbox.docker import DEFAULT_IMAGE
@@ -79,14 +90,26 @@ TEST_SETTINGS_FILES = {"setup.cfg", "pyproject.toml"}
 _TEST_SETTINGS = re.compile(r"pytest|tox|addopts|testpaths|python_files|python_functions|\[tool:", re.I)
 
 
+# what steers the run without being a test file: git's own folder (hooks run at the test
+# files' reset; `patch` writes there where `git apply` refuses), packaging metadata (an
+# entry_points.txt registers pytest plugins), paths out of the workspace
+_RUN_MACHINERY = re.compile(r"(^|/)\.git(/|$)|(^|/)[^/]+\.(dist|egg)-info(/|$)|(^|/)entry_points\.txt$|(^|/)\.\.(/|$)|^/")
+
+
 def patched_files(patch: str) -> dict[str, str]:
     """Each file a patch touches -> the lines it adds and removes."""
     out: dict[str, str] = {}
-    current = None
+    current, previous = None, ""
     for line in patch.splitlines():
         m = re.match(r"diff --git a/(\S+) b/(\S+)", line)
+        # a plain unified diff has no git header (`patch` takes it): its `+++` line after a `---` one
+        plain = previous.startswith("--- ") and re.match(r"\+\+\+ (?:b/)?(\S+)", line)
+        previous = line
         if m:
             current = m.group(2)
+            out.setdefault(current, "")
+        elif plain and plain.group(1) != "/dev/null":
+            current = plain.group(1)
             out.setdefault(current, "")
         elif current and line[:1] in "+-" and not line.startswith(("+++", "---")):
             out[current] += line[1:] + "\n"
@@ -106,7 +129,7 @@ def test_infra_edits(task: Task, patch: str) -> list[str]:
         if path in named:
             continue
         p = PurePosixPath(path)
-        if (p.name in TEST_INFRA_NAMES or p.suffix == ".pth"
+        if (p.name in TEST_INFRA_NAMES or p.suffix == ".pth" or _RUN_MACHINERY.search(path)
                 or (p.name in TEST_SETTINGS_FILES and _TEST_SETTINGS.search(changed))
                 or any(d == str(p.parent) or str(p.parent).startswith(d + "/") for d in test_dirs)):
             flagged.append(path)
@@ -260,8 +283,13 @@ class SWEEnv(EnvBase):
         result.patch_applied = True
         spec = test_spec_for(task)
         result.canary = canary_support(spec.eval_script, task.log_parser) if self.canaries else "off"
-        canary = Canary.make(canary_dir(task)) if result.canary == CANARY_OK else None
+        f2p_file = task.FAIL_TO_PASS[0].split("::")[0] if task.FAIL_TO_PASS and "::" in task.FAIL_TO_PASS[0] else ""
+        canary = Canary.make(canary_dir(task), f2p_file) if result.canary == CANARY_OK else None
+        if canary is not None:  # apart from the script (which the code under test can read): the runner reads and removes it
+            sandbox.write_file(NONCE_FILE, canary.nonce)
         sandbox.write_file("/tmp/sao_eval.sh", guarded(spec.eval_script, canary) if self.canaries else spec.eval_script)
+        # no git hook runs during grading (a patch applied by `patch` can write .git/hooks)
+        sandbox.exec("git config core.hooksPath /dev/null", timeout=60)
         r = sandbox.exec("bash /tmp/sao_eval.sh", timeout=self.test_timeout_s, output_limit=4_000_000)
         result.log = r.output
         try:  # the modules the runner loaded, as this image's runner loads them
@@ -324,17 +352,24 @@ class SWEEnv(EnvBase):
         result.report = report
         result.tests_status = canary.drop(status_map) if canary else status_map
         result.resolved = bool(report["resolved"]) and result.error is None
-        self._check_canary(result, canary, status_map)
+        if self.reject_test_edits and result.resolved:  # training: a FAIL_TO_PASS test must pass, not xfail
+            soft = [t for t in task.FAIL_TO_PASS if status_map.get(t) in ("XFAIL", "SKIPPED")]
+            if soft:
+                result.resolved = False
+                result.error = f"FAIL_TO_PASS test(s) read {status_map[soft[0]]}, not PASSED: {', '.join(soft[:3])}"
+        self._check_canary(result, canary, status_map, task.log_parser)
         if result.patch_applied and not report.get("patch_successfully_applied") and result.error is None:
             result.error = "the test log could not be read (the test patch failed or the suite did not run)"
         result.duration_s = time.monotonic() - start
         return result
 
     @staticmethod
-    def _check_canary(result: GradeResult, canary: Canary | None, status_map: dict[str, str]) -> None:
+    def _check_canary(result: GradeResult, canary: Canary | None, status_map: dict[str, str],
+                      log_parser: str = "parse_log_pytest") -> None:
         if canary is None or not result.patch_applied:
             return
-        result.tampered = tampered(canary, status_map, result.resolved)
+        result.tampered = tampered(canary, status_map, result.resolved, result.log,
+                                   conflicting_statuses(result.log, log_parser))
         if result.tampered:
             result.resolved = False
             result.error = result.error or f"tampered: {result.tampered}"
@@ -356,7 +391,7 @@ class SWEEnv(EnvBase):
                          "resolved": resolved, "tests_status": {"expected": len(task.expected_output),
                                                                 "mismatched": dict(list(wrong.items())[:50])}}
         result.resolved = resolved and result.error is None
-        self._check_canary(result, canary, full_map)
+        self._check_canary(result, canary, full_map, task.log_parser)
         if result.patch_applied and not found and result.error is None:
             result.error = "the test log could not be read (the suite did not run)"
         result.duration_s = time.monotonic() - start

@@ -5,9 +5,11 @@ import pytest
 
 from envs.canary import (
     CANARY_OK,
+    END_TAG,
     RUNNER_FILE,
     Canary,
     canary_support,
+    conflicting_statuses,
     guarded,
     parser_reads_pytest,
     read_runner_modules,
@@ -57,8 +59,12 @@ def test_a_guarded_script_writes_the_canary_after_the_test_patch_and_runs_it_las
     # every pytest command by the runner file, with its own interpreter and environment
     assert lines[start + 1] == f"PYTHONWARNINGS=ignore python {RUNNER_FILE} -rA tests/test_a.py"
     assert lines[start + 2] == f"python3 {RUNNER_FILE} -rA tests/test_b.py {canary.path}"
-    assert canary.path.startswith("tests/test_") and canary.passing != canary.failing
-    assert f"def {canary.passing}():" in text and f"def {canary.failing}():" in text
+    assert canary.path.startswith("tests/test_") and len(set(canary.passing + canary.failing)) == 4
+    for name in canary.passing + canary.failing:
+        assert f"def {name}(" in text
+    assert "(unittest.TestCase)" in canary.source  # a hack on unittest's reporting meets it
+    # the nonce is not in the script (the code under test can read it): the grader writes it apart
+    assert canary.nonce and canary.nonce not in text
     # fresh names each time
     assert Canary.make("tests").path != canary.path
     # nothing to guard: as it was
@@ -66,17 +72,31 @@ def test_a_guarded_script_writes_the_canary_after_the_test_patch_and_runs_it_las
 
 
 def test_the_canary_verdict():
-    c = Canary("tests/test_q.py", "test_okk", "test_bad", "")
+    c = Canary("tests/test_q.py", ("test_okk", "test_ok2"), ("test_bad", "test_bad2"), "", nonce="ab12")
     run = {"tests/test_a.py::test_one": "PASSED"}
-    assert tampered(c, {**run, "tests/test_q.py::test_okk": "PASSED", "tests/test_q.py::test_bad": "FAILED"}, True) is None
-    assert "must fail" in tampered(c, {**run, "tests/test_q.py::test_okk": "PASSED",
-                                           "tests/test_q.py::test_bad": "PASSED"}, True)
+    good = {**run, "tests/test_q.py::test_okk": "PASSED", "tests/test_q.py::TestQ::test_ok2": "PASSED",
+            "tests/test_q.py::test_bad": "FAILED", "tests/test_q.py::TestQ::test_bad2": "FAILED"}
+    end = f"{END_TAG} ab12 1\n"
+    assert tampered(c, good, True, end) is None
+    assert "must fail" in tampered(c, {**good, "tests/test_q.py::TestQ::test_bad2": "PASSED"}, True, end)
+    # the runner's end line with the nonce: missing when the process ended early or the log is forged
+    assert "nonce" in tampered(c, good, True, "")
+    assert tampered(c, good, False, "") is None  # unresolved anyway: nothing to believe or not
     # no canaries: believed when unresolved anyway (a collection error, -x), not when it claims success
     assert tampered(c, {}, False) is None
     assert "not in the log" in tampered(c, run, True)
+    # a test read twice with different statuses
+    assert "two statuses" in tampered(c, good, True, end, {"tests/test_a.py::test_one": {"FAILED", "PASSED"}})
     assert c.drop({**run, "tests/test_q.py::test_bad": "FAILED"}) == run
     # parametrised ids and class-qualified ones are found too
-    assert c.statuses({"tests/test_q.py::TestX::test_okk[1]": "PASSED"}) == ("PASSED", None)
+    assert c.statuses({"tests/test_q.py::TestX::test_okk[1]": "PASSED"}) == (["PASSED", None], [None, None])
+
+
+def test_a_test_read_with_two_statuses_is_found():
+    log = ("FAILED tests/test_a.py::test_one - assert 1 == 2\nPASSED tests/test_a.py::test_two\n"
+           "PASSED tests/test_a.py::test_one\n")
+    assert conflicting_statuses(log, "parse_log_pytest") == {"tests/test_a.py::test_one": {"FAILED", "PASSED"}}
+    assert conflicting_statuses("PASSED tests/test_a.py::test_one\n", "parse_log_pytest") == {}
 
 
 def test_a_patch_shadowing_a_module_the_runner_loads_is_flagged():
