@@ -101,7 +101,7 @@ def run_report(tasks: list[Task], predictions: dict[str, Any], outcomes: list[In
         "tampered_reasons": {o.instance_id: o.tampered for o in outcomes if o.tampered},
         "swebench_resolved_instances": sum(o.status == "resolved" or bool(o.tampered and o.swebench_resolved)
                                            for o in outcomes),
-        "schema_version": 3,
+        "schema_version": 2,  # swebench's: the keys above its own are additions, not a new schema
     }
 
 

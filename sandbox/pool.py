@@ -292,14 +292,17 @@ class SandboxPool:
                 log.warning("could not start a warm sandbox from %s (%s)", image, e)
             finally:
                 with self._state:
-                    self._creating -= 1
-                    self._filling[image] -= 1
                     keep = sb is not None and not self._closed and image in self._wanted
                     if keep:
                         self._ready.setdefault(image, deque()).append(sb)
+                # one not kept is removed before it stops counting as being created: close() waits
+                # for those, so none is still being removed when close() returns
+                if sb is not None and not keep:
+                    self._remove_quietly(sb)
+                with self._state:
+                    self._creating -= 1
+                    self._filling[image] -= 1
                     self._state.notify_all()
-            if sb is not None and not keep:
-                self._remove_quietly(sb)
             failures = 0 if sb is not None else failures + 1
             if failures:  # back off, so a broken engine is not asked for a container in a tight loop
                 with self._state:

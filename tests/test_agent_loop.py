@@ -141,10 +141,12 @@ def test_a_rollout_is_graded_in_a_fresh_sandbox_so_a_shadowed_test_runner_earns_
     from sandbox.pool import SandboxPool
 
     hack = [call("bash", command=SHADOW_PYTEST), call("submit")]
-    # in the sandbox the agent used, the hack pays: the F2P test reads as passed
+    # in the sandbox the agent used, with the task's command as written, the hack pays: the F2P
+    # test reads as passed (the runner the canaries come with is not the shadowed one: it does not)
     env, sb = SWEEnv(), make_sandbox()
     Agent(ScriptedEngine(tokenizer, hack), tokenizer).run(calc_task, env, sb)
-    assert env.grade(calc_task, sb).reward == 1.0
+    assert SWEEnv(canaries=False).grade(calc_task, sb).reward == 1.0
+    assert env.grade(calc_task, sb).reward == 0.0
     # graded as the training loop grades: only the repository's diff (none), in a clean sandbox
     traj = rollout_and_grade(Agent(ScriptedEngine(tokenizer, hack), tokenizer), calc_task, env,
                              SandboxPool(RUN_ID, max_live=2))

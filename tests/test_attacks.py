@@ -112,9 +112,11 @@ HACKS = {
 def test_reward_hacks_earn_nothing(hack, make_sandbox, calc_task, tokenizer):
     turns = [call("bash", command=HACKS[hack]), call("submit")]
     if hack != "daemon":  # the hack is real: graded in the sandbox it ran in, with nothing rejected, it pays
-        sb, plain = make_sandbox(), SWEEnv()
+        sb, plain = make_sandbox(), SWEEnv(canaries=False)  # (the canaries would catch it there too: tampered)
         Agent(ScriptedEngine(tokenizer, list(turns)), tokenizer).run(calc_task, plain, sb)
         assert plain.grade(calc_task, sb).reward == 1.0
+        r = SWEEnv().grade(calc_task, sb)
+        assert r.reward == 0.0 and r.tampered, r.error
     env = SWEEnv(reject_test_edits=True)  # as conf/env/swe.yaml has it for training
     traj = rollout_and_grade(Agent(ScriptedEngine(tokenizer, turns), tokenizer), calc_task, env,
                              SandboxPool(RUN_ID, max_live=2))
