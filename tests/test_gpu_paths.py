@@ -216,13 +216,9 @@ def test_local_replicas_on_gpus_are_refused(monkeypatch):
 # ---- the run's start ----
 
 def compose(*overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from training.plan import compose as plan_compose  # training.run's composition
 
-    from training.config import CONF
-
-    with initialize_config_dir(str(CONF), version_base=None):
-        return hydra_compose("config", overrides=list(overrides))
+    return plan_compose(list(overrides))
 
 
 def test_a_model_with_no_algo_overrides_makes_its_algo():
