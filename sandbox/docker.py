@@ -293,7 +293,11 @@ class DockerSandbox:
         pgid_file = f"/tmp/.sao-pgid-{self._n_exec}"
         # (on a sandbox full to its quota the group id cannot be written: said nowhere, and its
         # processes are then stopped by _kill_all alone)
-        wrapped = f"{{ echo $$ > {pgid_file}; }} 2>/dev/null; exec timeout -k 3 {timeout:g} bash -c {shlex.quote(cmd)}"
+        # stderr goes into stdout's pipe here, in the sandbox: two pipes read apart reach us in
+        # no fixed order (an eval script's `set -x` marker line on stderr could land before the
+        # test output on stdout that came first, and swebench's parser then read half the log)
+        wrapped = (f"{{ echo $$ > {pgid_file}; }} 2>/dev/null; "
+                   f"exec timeout -k 3 {timeout:g} bash -c {shlex.quote(cmd)} 2>&1")
         api = self._client.api
         start = time.monotonic()
         try:

@@ -17,8 +17,17 @@ GROUPS = [0, 0, 1, 1]
 def make_algo(name: str):
     if name == "sao":  # no warm-up: this one step updates critic (K = 2) and policy
         return SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3)
+    if name == "sao_seq_after":  # each trajectory's token mean; advantages from the updated critic's values
+        return SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3, token_mean="seq_mean_token_mean",
+                   values_after_critic=True)
     # four mini-batches of one row: at two data-parallel ranks one of them has no rows each time
+    if name == "grpo_seq_unbiased":
+        return GRPO(group_size=2, lr_policy=1e-3, policy_minibatches=4, token_mean="seq_mean_token_mean",
+                    group_std="unbiased")
     return GRPO(group_size=2, lr_policy=1e-3, policy_minibatches=4)
+
+
+ALGOS = ("sao", "grpo", "sao_seq_after", "grpo_seq_unbiased")
 
 
 def make_tiny(out: Path, model_type: str) -> Path:

@@ -21,7 +21,7 @@ from training.learners.mcore import cpu  # noqa: E402
 cpu.enable()
 
 from training.learners.mcore import model as mm  # noqa: E402
-from tests.megatron_batch import BATCH, GROUPS, make_algo  # noqa: E402
+from tests.megatron_batch import ALGOS, BATCH, GROUPS, make_algo  # noqa: E402
 
 
 def logits_of(chunks, ids: torch.Tensor) -> torch.Tensor | None:
@@ -85,14 +85,17 @@ def roundtrip(out: str, paths: list[str]) -> None:
 
 
 def step(out: str, path: str, critic: str, reference: str, save_dir: str) -> None:
-    """One SAO and one GRPO step at TP=1 (DP=2), TP=2 (+ recompute) and (SAO) PP=2, against the torch learner's; then a
+    """One SAO and one GRPO step at TP=1 (DP=2), TP=2 (+ recompute) and (SAO) PP=2, and the other
+    loss means and orderings, against the torch learner's; then a
     TP=2 checkpoint: loaded, the next step is the saver's next step; under TP=1 (another
     layout) it is refused."""
     from training.learners.megatron import MegatronLearner
 
     results = []
-    layouts = {"sao": ((1, 1), (2, 1), (1, 2)), "grpo": ((1, 1), (2, 1))}  # (tensor, pipeline)
-    for name in ("sao", "grpo"):
+    # (tensor, pipeline); the other averaging and ordering at two data-parallel ranks and at TP=2
+    layouts = {"sao": ((1, 1), (2, 1), (1, 2)), "grpo": ((1, 1), (2, 1)), "sao_seq_after": ((1, 1), (2, 1)),
+               "grpo_seq_unbiased": ((1, 1),)}
+    for name in ALGOS:
         for tp, pp in layouts[name]:
             # TP=2 also recomputes activations (with sequence parallel) and takes logprobs 16 tokens
             # at a time: the same numbers

@@ -142,27 +142,30 @@ def test_shard_rows_balances_tokens_and_covers_every_row():
     assert [shard_rows([4, 4], r, 3) for r in range(3)] == [[0], [1], []]  # a rank may get no rows
 
 
-def _replica(rank, world, init_file, tiny, batch, out, minibatches):
+def _replica(rank, world, init_file, tiny, batch, out, minibatches, options):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     learner = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3,
-                                     policy_minibatches=minibatches), micro_batch_tokens=40)
+                                     policy_minibatches=minibatches, **options), micro_batch_tokens=40)
     metrics = [learner.step(batch) for _ in range(2)]
     torch.save({"policy": params(learner.policy), "critic": params(learner.critic), "metrics": metrics}, f"{out}.{rank}")
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,batch,minibatches", [(2, BATCH + [traj(1.0, 3)], 1), (3, BATCH[:2], 1),
-                                                     (2, BATCH + [traj(1.0, 3)], 2)],
-                         ids=["2ranks", "idle-rank", "2ranks-2minibatches"])
-def test_data_parallel_ranks_step_exactly_as_one_process(tiny, tmp_path, world, batch, minibatches):
+SEQ_AFTER = {"token_mean": "seq_mean_token_mean", "values_after_critic": True}
+
+
+@pytest.mark.parametrize("world,batch,minibatches,options", [(2, BATCH + [traj(1.0, 3)], 1, {}), (3, BATCH[:2], 1, {}),
+                                                             (2, BATCH + [traj(1.0, 3)], 2, SEQ_AFTER)],
+                         ids=["2ranks", "idle-rank", "2ranks-2minibatches-seqmean-after"])
+def test_data_parallel_ranks_step_exactly_as_one_process(tiny, tmp_path, world, batch, minibatches, options):
     import torch.multiprocessing as mp
 
     out = tmp_path / "state"
-    mp.spawn(_replica, args=(world, tmp_path / "init", tiny, batch, str(out), minibatches), nprocs=world)
-    one = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3, policy_minibatches=minibatches),
-                       micro_batch_tokens=40)
+    mp.spawn(_replica, args=(world, tmp_path / "init", tiny, batch, str(out), minibatches, options), nprocs=world)
+    one = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-3, policy_minibatches=minibatches,
+                                 **options), micro_batch_tokens=40)
     expected = [one.step(batch) for _ in range(2)]
     states = [torch.load(f"{out}.{r}") for r in range(world)]
     for part in ("policy", "critic"):
@@ -200,23 +203,27 @@ def test_critic_learns_per_token_values_with_frozen_attention(tiny):
     assert (high > low + 0.5).all(), (high, low)
 
 
-def test_policy_loss_is_a_mean_over_the_whole_batchs_kept_tokens(tiny):
+@pytest.mark.parametrize("token_mean", ["kept", "sampled", "seq_mean_token_mean"])
+def test_policy_loss_is_the_whole_batchs_mean_in_micro_batches(tiny, token_mean):
     # half the sampled tokens carry a behaviour logprob of 0 (r = p_theta, far below the band's
     # 0.2: dropped low), half -8.3 (about the tiny model's own: kept). In 40-token micro-batches
-    # the learner's loss must equal the loss over the whole batch at once, a mean over its kept
-    # tokens (running-mean baseline: no critic, advantages = rewards on the first step)
+    # the learner's loss must equal the loss over the whole batch at once: a mean over its kept
+    # tokens, its sampled tokens, or its trajectories' own token means (running-mean baseline:
+    # no critic, advantages = rewards on the first step)
     def mixed(reward, n):
         t = Trajectory("x", prompt_ids=list(range(5, 15)), reward=reward)
         t.append_sampled(list(range(30, 30 + n)), [0.0 if i % 2 else -8.3 for i in range(n)], 0)
         return t
 
     trajectories = [mixed(1.0, 12), mixed(0.0, 20), mixed(1.0, 6)]
-    learner = TorchLearner(tiny, SAO(baseline="running_mean", lr_policy=1e-3), micro_batch_tokens=40)
+    learner = TorchLearner(tiny, SAO(baseline="running_mean", lr_policy=1e-3, token_mean=token_mean),
+                           micro_batch_tokens=40)
     batch = pack(trajectories)
     with torch.no_grad():
         logprobs = learner._logprobs(batch)
     advantages = batch.rewards[:, None] * batch.loss_mask
-    expected, _ = sao_policy_loss(logprobs, batch.behaviour_logprobs, advantages, batch.loss_mask)
+    expected, _ = sao_policy_loss(logprobs, batch.behaviour_logprobs, advantages, batch.loss_mask,
+                                  mean_over=token_mean)
     kept = sao_keep_mask(logprobs, batch.behaviour_logprobs, batch.loss_mask)
     assert 0 < kept.sum() < batch.loss_mask.sum()  # some dropped, some kept
     m = learner.step(trajectories)
@@ -246,3 +253,28 @@ def test_process_group_is_made_with_the_rank_timeout(monkeypatch):
     given.clear()
     collectives.init_from_env()
     assert given == {"backend": "gloo"}  # torch's own default
+
+
+def test_values_after_critic_gives_advantages_from_the_updated_critic(tiny, monkeypatch):
+    """algo.values_after_critic: the K critic updates first, then a second pass of the critic,
+    and the advantages the policy update uses are the algorithm's on those values."""
+    seen = []
+    learner = TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, lr_critic=1e-2, values_after_critic=True))
+    real = learner.algo.advantages
+
+    def spy(batch, values):
+        seen.append(values.clone())
+        return real(batch, values)
+
+    monkeypatch.setattr(learner.algo, "advantages", spy)
+    used = []
+    real_update = learner._policy_update
+    monkeypatch.setattr(learner, "_policy_update", lambda b, adv, old: used.append(adv.clone()) or real_update(b, adv, old))
+    m = learner.step(BATCH)
+    batch = learner._to(pack(BATCH))
+    with torch.no_grad():  # the critic's values now (the policy update does not touch it)
+        now = learner._values(batch) * batch.loss_mask
+    assert len(seen) == 2 and not torch.allclose(seen[0], seen[1])  # before and after the critic moved
+    assert torch.allclose(seen[1][:, : now.shape[1]] * batch.loss_mask, now, atol=1e-5)
+    assert torch.equal(used[0], real(batch, seen[1])[0])
+    assert "value/explained_var_after" in m and "value/explained_var" in m

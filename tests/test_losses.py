@@ -97,6 +97,32 @@ def test_sao_kept_gradient_is_r_times_a_over_n(mean_over, n):
     assert m["sao/ratio_mean"] == pytest.approx((2 + math.exp(1.5) + 1) / 3)  # off-mask token excluded
 
 
+def test_seq_mean_token_mean_weighs_each_trajectory_alike():
+    # row 0: 3 sampled tokens (r = 1 each, A = 1, all kept) -> its own token mean -1; row 1: 1
+    # sampled token (r = 2, A = 1, kept) and a dropped one (r = e^2 > 4): sampled 2, sum -2 -> -1;
+    # row 2: no sampled token (counts as no trajectory). The loss: (-1 + -1) / 2 = -1, where the
+    # batch's kept-token mean is -(3 + 2) / 4. Gradients: -r * A / (n_row * rows):
+    # row 0: -1 / 6 each; row 1: -2 / 4 on the kept token, 0 on the dropped one.
+    logprobs = leaf([[0.0, 0.0, 0.0], [math.log(2.0), 2.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    loss, _ = sao_policy_loss(logprobs, torch.zeros(3, 3), torch.ones(3, 3), mask, mean_over="seq_mean_token_mean")
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.0)
+    assert logprobs.grad.tolist() == [[pytest.approx(-1 / 6)] * 3, [pytest.approx(-0.5), 0.0, 0.0], [0.0] * 3]
+    kept, _ = sao_policy_loss(logprobs.detach(), torch.zeros(3, 3), torch.ones(3, 3), mask)
+    assert kept.item() == pytest.approx(-5 / 4)
+    # a learner's normalizer (the whole batch's trajectory count) replaces the local one
+    split = sum(sao_policy_loss(logprobs.detach()[i:i + 1], torch.zeros(1, 3), torch.ones(1, 3), mask[i:i + 1],
+                                normalizer=2, mean_over="seq_mean_token_mean")[0].item() for i in range(3))
+    assert split == pytest.approx(-1.0)
+    ppo, _ = ppo_clip_loss(logprobs.detach(), logprobs.detach(), torch.ones(3, 3), mask, mean_over="seq_mean_token_mean")
+    assert ppo.item() == pytest.approx(-1.0)  # ratio 1 everywhere: each row's mean -1
+    with pytest.raises(ValueError, match="mean_over"):
+        ppo_clip_loss(logprobs, logprobs, torch.ones(3, 3), mask, mean_over="kept")
+    with pytest.raises(ValueError, match="mean_over"):
+        sao_policy_loss(logprobs, torch.zeros(3, 3), torch.ones(3, 3), mask, mean_over="tokens")
+
+
 def test_sao_all_zero_mask_is_zero_loss_with_a_graph():
     logprobs = leaf([[0.3, -0.1]])
     loss, m = sao_policy_loss(logprobs, torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, 2))
@@ -249,6 +275,27 @@ def test_grpo_advantages():
     torch.testing.assert_close(adv, torch.tensor([[1.0, -1.0, -1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]), atol=1e-5, rtol=0)
     unscaled = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), scale=False)
     assert unscaled.tolist() == [[0.5, -0.5, -0.5, 0.5]]
+    # Bessel-corrected: std = sqrt(4 * 0.25 / 3) = 0.577 -> +-0.5 / 0.577 = +-0.866 (sqrt(3/4) of the above)
+    unbiased = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), std="unbiased")
+    torch.testing.assert_close(unbiased, torch.tensor([[1.0, -1.0, -1.0, 1.0]]) * math.sqrt(3 / 4), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="groups of 2"):
+        grpo_advantages(torch.tensor([[1.0]]), std="unbiased")
+    with pytest.raises(ValueError, match="std"):
+        grpo_advantages(torch.tensor([[1.0, 0.0]]), std="sample")
+
+
+def test_algo_options_are_checked():
+    from training.algos import GRPO, GRPODIS, SAO
+
+    with pytest.raises(ValueError, match="algo.token_mean"):
+        SAO(token_mean="tokens")
+    with pytest.raises(ValueError, match="algo.token_mean"):
+        GRPO(token_mean="kept")  # PPO has no kept tokens
+    with pytest.raises(ValueError, match="algo.group_std"):
+        GRPODIS(group_std="sample")
+    with pytest.raises(ValueError, match="group_size of 2"):
+        GRPODIS(group_size=1, group_std="unbiased")
+    assert GRPODIS(group_std="unbiased", token_mean="seq_mean_token_mean").token_mean == "seq_mean_token_mean"
 
 
 def test_running_mean_advantages_and_broadcast():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.megatron_batch import BATCH, GROUPS, make_algo, make_tiny
+from tests.megatron_batch import ALGOS, BATCH, GROUPS, make_algo, make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("megatron_worker.py")
@@ -63,7 +63,7 @@ def test_one_step_equals_the_torch_learner(tiny, tmp_path):
     start.critic.save_pretrained(critic)
     start.tokenizer.save_pretrained(critic)
     reference = {}
-    for name in ("sao", "grpo"):
+    for name in ALGOS:
         learner = TorchLearner(model, make_algo(name), value_checkpoint=str(critic))
         before = {k: v.clone() for k, v in learner.state_dict_for_engine()}
         metrics = learner.step(BATCH, GROUPS)
@@ -73,7 +73,12 @@ def test_one_step_equals_the_torch_learner(tiny, tmp_path):
     torchrun(str(WORKER), "step", str(out), model, str(critic), str(tmp_path / "reference.pt"), str(tmp_path / "ckpt"))
     result = json.loads(out.read_text())
     assert {(r["algo"], r["tp"], r["pp"]) for r in result["steps"]} == \
-        {("sao", 1, 1), ("sao", 2, 1), ("sao", 1, 2), ("grpo", 1, 1), ("grpo", 2, 1)}
+        {("sao", 1, 1), ("sao", 2, 1), ("sao", 1, 2), ("grpo", 1, 1), ("grpo", 2, 1), ("sao_seq_after", 1, 1),
+         ("sao_seq_after", 2, 1), ("grpo_seq_unbiased", 1, 1)}
+    seq = next(r for r in result["steps"] if r["algo"] == "sao_seq_after")
+    assert "value/explained_var_after" in seq["metrics"]
+    assert seq["ref_metrics"]["sao/loss"] != pytest.approx(  # the options change the step
+        next(r for r in result["steps"] if r["algo"] == "sao")["ref_metrics"]["sao/loss"], rel=1e-3)
     for r in result["steps"]:
         mine, ref = r["metrics"], r["ref_metrics"]
         assert set(ref) <= set(mine), set(ref) - set(mine)

@@ -29,6 +29,13 @@ def test_exec_reads_and_writes(make_sandbox):
         sb.read_file("missing.txt")
 
 
+def test_stdout_and_stderr_come_back_in_the_order_written(make_sandbox):
+    """A grading log depends on it: swebench's markers are `set -x` lines on stderr, the test
+    output is on stdout. Read from two pipes, 598 of these 600 lines came back out of place."""
+    r = make_sandbox().exec("for i in $(seq 1 300); do echo out$i; echo err$i >&2; done")
+    assert r.output.split() == [f"{k}{i}" for i in range(1, 301) for k in ("out", "err")]
+
+
 def test_timeout_kills_the_command_and_says_so(make_sandbox):
     sb = make_sandbox()
     r = sb.exec("sleep 30 & sleep 30; echo never", timeout=1.5)

@@ -39,7 +39,10 @@ class SAO:
     lr_critic: float = 5e-6
     mask: bool = True  # ablation switch: False keeps every token (no band)
     policy_minibatches: int = 1  # optimizer steps per learner step, each on its share of the batch
-    token_mean: str = "kept"  # the loss's mean over kept tokens (DESIGN), or over all sampled ones
+    # what the policy loss is a mean over: the batch's kept tokens (DESIGN), its sampled tokens,
+    # or each trajectory's mean over its sampled tokens, then the mean over trajectories
+    token_mean: str = "kept"
+    values_after_critic: bool = False  # advantages from the values after the K critic updates
     name: str = "sao"
     group_size: int = 1
     _history: deque = field(default_factory=deque, repr=False)
@@ -47,8 +50,7 @@ class SAO:
     def __post_init__(self):
         if self.baseline not in ("critic", "running_mean"):
             raise ValueError(f"algo.baseline must be 'critic' or 'running_mean', got {self.baseline!r}")
-        if self.token_mean not in ("kept", "sampled"):
-            raise ValueError(f"algo.token_mean must be 'kept' or 'sampled', got {self.token_mean!r}")
+        _check_token_mean(self.token_mean, losses.MEANS)
         if self.critic_warmup not in ("steps", "lr"):
             raise ValueError(f"algo.critic_warmup must be 'steps' or 'lr', got {self.critic_warmup!r}")
         if self.baseline_scope not in ("prompt", "global"):
@@ -95,14 +97,14 @@ class SAO:
     def _band(self) -> tuple[float, float]:
         return (self.eps_low, self.eps_high) if self.mask else (float("inf"), float("inf"))
 
-    def loss_tokens(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:
-        """The token count `rows`' loss is a mean over: their kept tokens, judged with the
+    def loss_units(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:
+        """What `rows`' loss is a mean over (`token_mean`): their kept tokens, judged with the
         weights at the start of the step (exact for the first policy mini-batch, the only one
-        by default), or all their sampled tokens."""
-        if self.token_mean == "sampled":
-            return float(batch.loss_mask[rows].sum())
-        keep = losses.sao_keep_mask(old_logprobs[rows], batch.behaviour_logprobs[rows], batch.loss_mask[rows], *self._band)
-        return float(keep.sum())
+        by default), their sampled tokens, or their rows with a sampled token."""
+        mask = batch.loss_mask[rows]
+        keep = (losses.sao_keep_mask(old_logprobs[rows], batch.behaviour_logprobs[rows], mask, *self._band)
+                if self.token_mean == "kept" else mask)
+        return losses.loss_units(keep, mask, self.token_mean)
 
     def policy_loss(self, logprobs, mb: Batch, advantages, old_logprobs, normalizer):
         return losses.sao_policy_loss(logprobs, mb.behaviour_logprobs, advantages, mb.loss_mask,
@@ -129,32 +131,40 @@ class GRPO:
     # optimizer steps per learner step, each on a share of the batch, all against the same pi_old
     # (verl's ppo_mini_batch_size): with one the ratio is exactly 1 and the clip never binds
     policy_minibatches: int = 4
+    token_mean: str = "sampled"  # or seq_mean_token_mean: each trajectory's token mean, then their mean
+    group_std: str = "population"  # the group's standard deviation: population (divisor G) or unbiased (G - 1)
     name: str = "grpo"
     uses_critic: bool = False
     critic_steps: int = 0
     critic_warmup_steps: int = 0
+    values_after_critic: bool = False
+
+    def __post_init__(self):
+        _check_token_mean(self.token_mean, ("sampled", "seq_mean_token_mean"))
+        _check_group_std(self.group_std, self.group_size)
 
     def advantages(self, mb: Batch, values) -> tuple[torch.Tensor, None]:
         # a whole batch: groups are contiguous runs of group_size rows (the orchestrator keeps them so)
         rewards = mb.rewards.view(-1, self.group_size)
-        adv = losses.grpo_advantages(rewards).view(-1)
+        adv = losses.grpo_advantages(rewards, std=self.group_std).view(-1)
         return losses.broadcast_to_tokens(adv, mb.loss_mask), None
 
     def observe_rewards(self, rewards, prompt_keys=None) -> None:
         pass
 
-    def loss_tokens(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:
-        """PPO's token mean is over every sampled token of `rows`."""
-        return float(batch.loss_mask[rows].sum())
+    def loss_units(self, batch: Batch, rows: list[int], old_logprobs: torch.Tensor) -> float:
+        """PPO's mean is over every sampled token of `rows` (or over their rows)."""
+        mask = batch.loss_mask[rows]
+        return losses.loss_units(mask, mask, self.token_mean)
 
     def policy_loss(self, logprobs, mb: Batch, advantages, old_logprobs, normalizer):
-        mask = mb.loss_mask
-        if self.mask:  # the band against the sampler, as SAO's, then PPO's clip against pi_old
+        if self.mask:  # the band against the sampler, as SAO's, then PPO's clip against pi_old: a
+            # token outside it gets advantage 0, so no gradient (and still counts as sampled)
             ratio = torch.exp((logprobs.detach() - mb.behaviour_logprobs).clamp(max=50.0))
             inside = (ratio > 1 - self.mask_eps_low) & (ratio < 1 + self.mask_eps_high)
-            mask = mask * inside
-        return losses.ppo_clip_loss(logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high,
-                                    normalizer=normalizer)
+            advantages = advantages * inside
+        return losses.ppo_clip_loss(logprobs, old_logprobs, advantages, mb.loss_mask, self.eps_low, self.eps_high,
+                                    normalizer=normalizer, mean_over=self.token_mean)
 
     def state_dict(self) -> dict:
         return {}
@@ -174,21 +184,35 @@ class GRPODIS:
     eps_high: float = 3.0
     mask: bool = True  # False: no band (the ratio unbounded): an ablation, not a baseline
     token_mean: str = "kept"
+    group_std: str = "population"
     lr_policy: float = 1e-6
     policy_minibatches: int = 1  # the ratio is against the sampler either way
     name: str = "grpo_dis"
     uses_critic: bool = False
     critic_steps: int = 0
     critic_warmup_steps: int = 0
+    values_after_critic: bool = False
 
     def __post_init__(self):
-        if self.token_mean not in ("kept", "sampled"):
-            raise ValueError(f"algo.token_mean must be 'kept' or 'sampled', got {self.token_mean!r}")
+        _check_token_mean(self.token_mean, losses.MEANS)
+        _check_group_std(self.group_std, self.group_size)
 
     advantages = GRPO.advantages
     observe_rewards = GRPO.observe_rewards
     state_dict = GRPO.state_dict
     load_state_dict = GRPO.load_state_dict
     _band = SAO._band
-    loss_tokens = SAO.loss_tokens
+    loss_units = SAO.loss_units
     policy_loss = SAO.policy_loss
+
+
+def _check_token_mean(value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"algo.token_mean must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _check_group_std(value: str, group_size: int) -> None:
+    if value not in ("unbiased", "population"):
+        raise ValueError(f"algo.group_std must be 'unbiased' or 'population', got {value!r}")
+    if value == "unbiased" and group_size < 2:
+        raise ValueError(f"algo.group_std=unbiased needs algo.group_size of 2 or more, got {group_size}")

@@ -32,6 +32,35 @@ def _denominator(loss_mask: torch.Tensor, normalizer: float | None) -> torch.Ten
     return loss_mask.float().sum().clamp(min=1.0)
 
 
+MEANS = ("kept", "sampled", "seq_mean_token_mean")
+
+
+def _check_mean(mean_over: str, allowed: tuple[str, ...] = MEANS) -> None:
+    if mean_over not in allowed:
+        raise ValueError(f"mean_over must be one of {', '.join(allowed)}, got {mean_over!r}")
+
+
+def row_scale(loss_mask: torch.Tensor, mean_over: str) -> torch.Tensor:  # [B, 1]
+    """Each row's factor on its per-token losses: 1 / its sampled tokens for the
+    seq-mean-token-mean (each trajectory's own token mean, then the mean over trajectories),
+    1 otherwise. Local to a row, so a learner can apply it micro-batch by micro-batch."""
+    if mean_over != "seq_mean_token_mean":
+        return torch.ones(loss_mask.shape[0], 1, device=loss_mask.device)
+    return 1.0 / loss_mask.float().sum(dim=-1, keepdim=True).clamp(min=1.0)
+
+
+def loss_units(keep: torch.Tensor, loss_mask: torch.Tensor, mean_over: str) -> float:
+    """What a policy loss is a mean over (its denominator): the kept tokens, the sampled tokens,
+    or the rows with a sampled token (seq-mean-token-mean). Summed over micro-batches and ranks,
+    it is the whole batch's count."""
+    _check_mean(mean_over)
+    if mean_over == "kept":
+        return float(keep.sum())
+    if mean_over == "sampled":
+        return float(loss_mask.sum())
+    return float((loss_mask.sum(dim=-1) > 0).sum())
+
+
 def sao_keep_mask(
     logprobs: torch.Tensor,  # [B, T] learner's log pi_theta(target)
     behaviour_logprobs: torch.Tensor,  # [B, T] the engine's logprob when it sampled the token
@@ -61,14 +90,15 @@ def sao_policy_loss(
     1 - eps_low < r < 1 + eps_high (strict: a ratio exactly on an edge is dropped); a dropped
     token gets exactly zero gradient whatever the sign of its advantage. The loss is
     -sum(keep * r * A) / N, so a kept token's gradient w.r.t. its logprob is -r * A / N.
-    N is the token count the mean is over: the kept tokens (`mean_over="kept"`, a token-level
-    mean over the batch's unmasked tokens; docs/design.md says why this is a choice), or every sampled token
-    (`mean_over="sampled"`: dropped tokens count, so a batch with many of them takes a smaller
-    step), or `normalizer` when given (a learner's whole-batch count, for micro-batches).
+    N is what the mean is over: the kept tokens (`mean_over="kept"`, a token-level mean over
+    the batch's unmasked tokens; docs/design.md says why this is a choice), every sampled token
+    (`"sampled"`: dropped tokens count, so a batch with many of them takes a smaller step), or
+    the trajectories (`"seq_mean_token_mean"`: each row's sum over its kept tokens divided by its
+    sampled tokens, then the mean over rows, so a long trajectory weighs as much as a short one);
+    `normalizer`, when given, replaces N (a learner's whole-batch count, for micro-batches).
     An empty keep mask gives loss 0 that still backpropagates (zeros).
     """
-    if mean_over not in ("kept", "sampled"):
-        raise ValueError(f"mean_over must be 'kept' or 'sampled', got {mean_over!r}")
+    _check_mean(mean_over)
     sampled = loss_mask.bool()
     logratio = logprobs - behaviour_logprobs
     keep = sao_keep_mask(logprobs, behaviour_logprobs, loss_mask, eps_low, eps_high)
@@ -79,8 +109,10 @@ def sao_policy_loss(
     # Zero the log-ratio of dropped tokens before exp: keep * exp(x) would give 0 * inf = NaN
     # (forward and backward) for a ratio that overflows; where() passes them exactly zero grad.
     ratio = torch.where(keep, logratio, torch.zeros_like(logratio)).exp()
-    pg_loss = -(keep.to(ratio.dtype) * ratio * _per_token(advantages, ratio)).sum()
-    loss = pg_loss / _denominator(keep if mean_over == "kept" else loss_mask, normalizer)
+    scale = row_scale(loss_mask, mean_over).to(ratio.dtype)
+    pg_loss = -(keep.to(ratio.dtype) * ratio * _per_token(advantages, ratio) * scale).sum()
+    loss = pg_loss / (max(float(normalizer), 1.0) if normalizer is not None
+                      else max(loss_units(keep, loss_mask, mean_over), 1.0))
     n = sampled.sum().clamp(min=1).item()
     metrics = {
         "sao/loss": loss.item(),
@@ -101,10 +133,11 @@ def ppo_clip_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     normalizer: float | None = None,
+    mean_over: str = "sampled",
 ) -> tuple[torch.Tensor, Metrics]:
     """The GRPO/PPO baseline: -min(r * A, clamp(r, 1 - eps_low, 1 + eps_high) * A), a token
-    mean over sampled tokens (N as in `sao_policy_loss`); eps_high > eps_low is DAPO's
-    clip-higher. `ppo/clipfrac` is cleanrl's: the fraction of sampled tokens whose ratio lies
+    mean over sampled tokens, or the seq-mean-token-mean (N and `normalizer` as in
+    `sao_policy_loss`); eps_high > eps_low is DAPO's clip-higher. `ppo/clipfrac` is cleanrl's: the fraction of sampled tokens whose ratio lies
     outside the clip range (whether or not the clip binds for that advantage's sign).
     """
     sampled = loss_mask.bool()
@@ -113,8 +146,11 @@ def ppo_clip_loss(
     adv = _per_token(advantages, ratio)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
-    pg_loss = torch.where(sampled, torch.max(pg_loss1, pg_loss2), torch.zeros_like(ratio)).sum()
-    loss = pg_loss / _denominator(loss_mask, normalizer)
+    _check_mean(mean_over, ("sampled", "seq_mean_token_mean"))
+    scale = row_scale(loss_mask, mean_over).to(ratio.dtype)
+    pg_loss = (torch.where(sampled, torch.max(pg_loss1, pg_loss2), torch.zeros_like(ratio)) * scale).sum()
+    loss = pg_loss / (max(float(normalizer), 1.0) if normalizer is not None
+                      else max(loss_units(sampled, loss_mask, mean_over), 1.0))
     with torch.no_grad():
         clipped = (ratio < 1 - eps_low) | (ratio > 1 + eps_high)
         approx_kl = (ratio - 1) - logratio  # cleanrl's low-variance k3 estimator
@@ -159,14 +195,21 @@ def grpo_advantages(
     rewards: torch.Tensor,  # [P, G] one row per prompt, G rollouts each
     eps: float = 1e-6,
     scale: bool = True,
+    std: str = "population",
 ) -> torch.Tensor:  # [P, G]
-    """Group-normalised advantages: (r - mean_g) / (std_g + eps), population std
-    (unbiased=False); `scale=False` keeps only the mean subtraction (Dr. GRPO). A group of
-    equal rewards gets advantage 0 everywhere."""
+    """Group-normalised advantages: (r - mean_g) / (std_g + eps), std_g the Bessel-corrected
+    standard deviation (`std="unbiased"`, divisor G - 1, as verl, TRL and slime compute it) or
+    the population one (`"population"`, divisor G: advantages larger by sqrt(G / (G - 1)));
+    `scale=False` keeps only the mean subtraction (Dr. GRPO). A group of equal rewards gets
+    advantage 0 everywhere."""
+    if std not in ("unbiased", "population"):
+        raise ValueError(f"std must be 'unbiased' or 'population', got {std!r}")
     centred = rewards - rewards.mean(dim=-1, keepdim=True)
     if not scale:
         return centred
-    return centred / (rewards.std(dim=-1, unbiased=False, keepdim=True) + eps)
+    if std == "unbiased" and rewards.shape[-1] < 2:
+        raise ValueError("the unbiased standard deviation needs groups of 2 or more")
+    return centred / (rewards.std(dim=-1, unbiased=std == "unbiased", keepdim=True) + eps)
 
 
 def running_mean_advantages(

@@ -235,7 +235,6 @@ class MegatronLearner:
         advantages = returns = None
         if self.last_stage:
             advantages, returns = self.algo.advantages(batch, values)
-            metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
         if self.critic is not None:
             lr = self.algo.critic_lr_at(self.step_count)
             for group in self.critic.optimizer.param_groups:
@@ -246,6 +245,14 @@ class MegatronLearner:
                 update = self._update(self.critic, packs, partial(self._value_loss, batch, returns, n_sampled))
                 update.pop("value/explained_var", None)
                 metrics.update(update)
+            if self.algo.values_after_critic:  # advantages from the values the K updates left
+                after = self._critic_values(batch, packs)
+                if self.last_stage:
+                    advantages, _ = self.algo.advantages(batch, after)
+                    metrics["value/explained_var_after"] = losses.value_loss(
+                        after, returns, batch.loss_mask)[1]["value/explained_var"]
+        if self.last_stage:  # the explained variance: the values before this batch's critic updates
+            metrics.update(batch_metrics(batch, old_logp, advantages, values, returns, self.version))
         if self.critic is None or self.algo.policy_updates_at(self.step_count):
             metrics.update(self._policy_update(batch, advantages, old_logp))
             self.version += 1
@@ -268,24 +275,30 @@ class MegatronLearner:
     def _old_logprobs_and_values(self, batch: Batch, packs: list[Packed]):
         """[B, L] pi_old logprobs and values (None without a critic) for the whole batch, on the
         last pipeline stage (zeros elsewhere): each data-parallel rank fills its rows, then sum."""
-        B, L = batch.input_ids.shape
-        old_logp = torch.zeros(B, L, device=self.device)
-        values = torch.zeros(B, L, device=self.device) if self.critic is not None else None
+        old_logp = self._forward_only(self.policy, batch, packs, as_logprobs=True)
+        values = self._forward_only(self.critic, batch, packs, as_logprobs=False) if self.critic is not None else None
+        return old_logp, values
 
-        def collect(target, as_logprobs, p, output):
+    def _critic_values(self, batch: Batch, packs: list[Packed]) -> torch.Tensor:
+        """[B, L] the critic's values now (after its updates), as `_old_logprobs_and_values`."""
+        return self._forward_only(self.critic, batch, packs, as_logprobs=False)
+
+    def _forward_only(self, model: _Model, batch: Batch, packs: list[Packed], as_logprobs: bool) -> torch.Tensor:
+        """[B, L] the policy's logprobs or the critic's values for the whole batch, no grad: each
+        data-parallel rank fills its rows on the last pipeline stage (zeros elsewhere), then sum."""
+        target = torch.zeros(*batch.input_ids.shape, device=self.device)
+
+        def collect(p, output):
             rows = (self._logprobs(p, output) if as_logprobs else p.unpack(output[..., 0])).detach().float()
             if p.rows:
                 target[torch.tensor(p.rows), : rows.shape[1]] = rows
             return output.new_zeros(()), self._count(0), {}
 
         with torch.no_grad():
-            self._run(self.policy, packs, partial(collect, old_logp, True), forward_only=True)
-            if values is not None:
-                self._run(self.critic, packs, partial(collect, values, False), forward_only=True)
-        for t in (old_logp, values):
-            if t is not None and self.dp > 1:
-                dist.all_reduce(t, group=self.dp_group)
-        return old_logp, values
+            self._run(model, packs, collect, forward_only=True)
+        if self.dp > 1:
+            dist.all_reduce(target, group=self.dp_group)
+        return target
 
     def _value_loss(self, batch, returns, n_sampled, p: Packed, output):
         mb = batch.select(p.rows) if p.rows else None
@@ -308,7 +321,7 @@ class MegatronLearner:
             if not share:  # fewer rows than mini-batches: the torch learner's step moves nothing either
                 continue
             mine = [share[j] for j in shard_rows([lengths[r] for r in share], self.dp_rank, self.dp)]
-            n_loss = max(self.algo.loss_tokens(batch, share, old_logp), 1.0)
+            n_loss = max(self.algo.loss_units(batch, share, old_logp), 1.0)
             n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)
             packs = self._packs(batch, token_budget_parts(lengths, mine, self.micro_batch_tokens))
             loss_fn = partial(self._policy_loss, batch, advantages, old_logp, n_loss, n_sampled)
@@ -324,7 +337,7 @@ class MegatronLearner:
         old = old_logp[idx][:, :n]
         loss, m = self.algo.policy_loss(self._logprobs(p, output), mb, advantages[idx][:, :n], old, n_loss)
         # this micro-batch's share of the token count the mean is over (the whole batch's, summed)
-        count = self.algo.loss_tokens(batch, p.rows, old_logp)
+        count = self.algo.loss_units(batch, p.rows, old_logp)
         weighted: dict[str, float] = defaultdict(float)
         accumulate(weighted, m, mb.num_sampled / n_sampled)
         return loss * n_loss, self._count(count), weighted

@@ -5,8 +5,9 @@ replica per rank under torch.distributed (`training/collectives.py`, started by 
 share of the batch's rows and gradients are summed over ranks.
 
 A step, in order: pack the batch; one no-grad pass for values and pi_old logprobs; the
-algorithm's advantages over the whole batch; K critic updates; then (after warm-up) one
-policy update, which makes a new policy version.
+algorithm's advantages over the whole batch; K critic updates (with `algo.values_after_critic`,
+a second no-grad pass of the critic and the advantages from its new values); then (after
+warm-up) one policy update, which makes a new policy version.
 """
 
 from __future__ import annotations
@@ -103,21 +104,16 @@ class TorchLearner:
         n_sampled = max(batch.num_sampled, 1)  # of the whole batch, on every rank
         B, L = batch.input_ids.shape
         old_logp = torch.zeros(B, L, device=self.device)
-        values = torch.zeros(B, L, device=self.device) if self.critic is not None else None
         with torch.no_grad():
             for rows in parts:
                 mb = batch.select(rows)
-                n = mb.input_ids.shape[1]
-                old_logp[torch.tensor(rows), :n] = self._logprobs(mb)
-                if values is not None:
-                    values[torch.tensor(rows), :n] = self._values(mb)
+                old_logp[torch.tensor(rows), : mb.input_ids.shape[1]] = self._logprobs(mb)
         # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's, so
         # each rank computes the same advantages
         collectives.sum_(old_logp)
-        if values is not None:
-            collectives.sum_(values)
+        values = self._critic_values(batch, parts) if self.critic is not None else None
         advantages, returns = self.algo.advantages(batch, values)
-        metrics = batch_metrics(batch, old_logp, advantages, values, returns, self.version)
+        metrics: dict[str, float] = {}
         if self.critic is not None:
             lr = self.algo.critic_lr_at(self.step_count)
             for group in self.critic_opt.param_groups:
@@ -127,6 +123,13 @@ class TorchLearner:
                 update = self._critic_update(batch, parts, returns, n_sampled)
                 update.pop("value/explained_var")
                 metrics.update(update)
+            if self.algo.values_after_critic:  # advantages from the values the K updates left
+                after = self._critic_values(batch, parts)
+                advantages, _ = self.algo.advantages(batch, after)
+                metrics["value/explained_var_after"] = losses.value_loss(
+                    after, returns, batch.loss_mask)[1]["value/explained_var"]
+        # the explained variance is the values' before this batch's critic updates (out of sample)
+        metrics.update(batch_metrics(batch, old_logp, advantages, values, returns, self.version))
         # the critic-only warm-up exists for a critic; the running-mean baseline has none to wait for
         if self.critic is None or self.algo.policy_updates_at(self.step_count):
             metrics.update(self._policy_update(batch, advantages, old_logp))
@@ -138,6 +141,16 @@ class TorchLearner:
         metrics["learner/step"] = float(self.step_count)
         metrics["learner/version"] = float(self.version)
         return metrics
+
+    def _critic_values(self, batch: Batch, parts: list[list[int]]) -> torch.Tensor:
+        """[B, L] the critic's values for the whole batch: this rank's rows, summed over ranks."""
+        values = torch.zeros(batch.input_ids.shape, device=self.device)
+        with torch.no_grad():
+            for rows in parts:
+                mb = batch.select(rows)
+                values[torch.tensor(rows), : mb.input_ids.shape[1]] = self._values(mb)
+        collectives.sum_(values)
+        return values
 
     def _critic_update(self, batch, parts, returns, n_sampled) -> dict[str, float]:
         self.critic_opt.zero_grad(set_to_none=True)
@@ -171,7 +184,7 @@ class TorchLearner:
         for i in range(M):
             share = list(range(i, len(batch), M))
             mine = [share[j] for j in collectives.shard_rows([lengths[r] for r in share], self.dist.rank, self.dist.world)]
-            n_loss = max(self.algo.loss_tokens(batch, share, old_logp), 1.0)  # the share's token-mean denominator
+            n_loss = max(self.algo.loss_units(batch, share, old_logp), 1.0)  # the share's token-mean denominator
             n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)  # metrics are means over sampled tokens
             for k, v in self._policy_step(batch, self._micro_batches(batch, mine), advantages, old_logp,
                                           n_loss, n_sampled).items():
