@@ -3,7 +3,7 @@ samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled s
 (`trainer.engine_lag`), over seeds; and the paper's Table 4 ablations in miniature.
 
     python -m experiments.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
-        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean [running_mean_global grpo_one_update]]
+        [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean [running_mean_global grpo_one_update] [stability]]
         [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
         [--experiment seek] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
 
@@ -53,8 +53,20 @@ ALGOS = {
     "running_mean_global": ["algo=sao", "algo.baseline=running_mean", "algo.baseline_scope=global",
                             "algo.baseline_window=128"],
 }
+# the stability study (issue 30): SAO with each policy-loss mean x each reading of the critic's
+# values (before its K updates on the batch, or after), every option named so the defaults
+# can move without changing what a case ran; GRPO + DIS with each group standard deviation
+for _mean, _short in (("kept", "kept"), ("sampled", "sampled"), ("seq_mean_token_mean", "seqmean")):
+    for _after in (False, True):
+        ALGOS[f"sao_{_short}_{'after' if _after else 'before'}"] = [
+            "algo=sao", f"algo.token_mean={_mean}", f"algo.values_after_critic={str(_after).lower()}"]
+for _std in ("population", "unbiased"):
+    ALGOS[f"grpo_dis_{_std}"] = ["algo=grpo_dis", f"algo.group_std={_std}"]
+STABILITY = [name for name in ALGOS if name.startswith(("sao_", "grpo_dis_"))]
 DEFAULT_ALGOS = ["sao", "grpo", "grpo_dis", "running_mean"]  # the paper's comparison
-COLOURS = {name: f"C{i}" for i, name in enumerate(ALGOS)}  # one colour per algo in every column
+COLOURS = {name: f"C{i % 10}" if i < 10 else ("#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#e377c2",
+                                              "#393b79", "#637939", "#843c39")[(i - 10) % 8]
+           for i, name in enumerate(ALGOS)}  # one colour per algo in every column
 # the paper's Table 4, each one change to SAO
 ABLATIONS = {
     "one_critic_update": ["algo=sao", "algo.critic_steps=1"],
@@ -64,7 +76,8 @@ ABLATIONS = {
 }
 KEPT = ("step", "reward/mean", "time/elapsed_s", "staleness/mean", "sao/kept_frac", "sao/mask_frac_low",
         "sao/mask_frac_high", "ppo/clipfrac", "policy/grad_norm", "value/grad_norm", "value/explained_var",
-        "sao/logprob_mismatch_pre", "sao/logprob_mismatch_fresh", "tokens/sampled", "exit/format_errors")
+        "sao/logprob_mismatch_pre", "sao/logprob_mismatch_fresh", "tokens/sampled", "exit/format_errors",
+        "value/explained_var_after", "advantage/mean")
 
 
 def run_case(name: str, overrides: list[str], lag: int, seed: int, args, tmp: Path, resume: bool = False,
@@ -189,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 4])
-    p.add_argument("--algos", nargs="*", default=DEFAULT_ALGOS, choices=list(ALGOS))
+    p.add_argument("--algos", nargs="*", default=DEFAULT_ALGOS, choices=list(ALGOS) + ["stability"],
+                   help="cases by name; 'stability': the SAO loss-mean x critic-order cases and GRPO + DIS's two stds")
     p.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
     p.add_argument("--ablation-staleness", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="3 steps of 8, one seed, staleness 2, sao and grpo, no ablations")
@@ -204,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.batch_size, args.seeds, args.staleness = 3, 8, [0], [2]
         args.algos, args.ablations = ["sao", "grpo"], []
+    if "stability" in args.algos:
+        args.algos = [a for a in args.algos if a != "stability"] + [a for a in STABILITY if a not in args.algos]
     if args.steps < 2:
         p.error("--steps must be at least 2")
     if args.batch_size % 8:
@@ -228,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--resume: {args.output}: {e}")
     seeds = sorted(set(args.seeds) | {seed for _, seed in runs} | {seed for case in kept for seed in case["seeds"]})
     results["seeds"] = seeds
-    jobs = [(i, seed) for i in range(len(plan)) for seed in args.seeds if (i, seed) not in runs]
+    # seed by seed: a benchmark cut short has every case at its first seeds, not some at all three
+    jobs = [(i, seed) for seed in args.seeds for i in range(len(plan)) if (i, seed) not in runs]
     if runs:
         print(f"--resume: {len(runs)} run(s) already in {args.output}, {len(jobs)} to run", file=sys.stderr)
     finished: list[tuple[int, int]] = []  # by this invocation
