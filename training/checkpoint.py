@@ -69,10 +69,12 @@ class Checkpoints:
 
 class MetricsLog:
     """metrics.jsonl plus TensorBoard, and rollouts.jsonl (each trained rollout: step, key,
-    source, task, reward, exit); on resume, lines past the checkpoint's step are cut so a step
+    source, task, reward, exit; with `log_tokens` also its token ids, loss mask, sampler
+    logprobs and policy versions); on resume, lines past the checkpoint's step are cut so a step
     is never logged twice."""
 
-    def __init__(self, output_dir: str | Path, resume_step: int = 0):
+    def __init__(self, output_dir: str | Path, resume_step: int = 0, log_tokens: bool = False):
+        self.log_tokens = log_tokens
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -104,8 +106,12 @@ class MetricsLog:
     def log_rollouts(self, step: int, batch) -> None:
         with self.rollouts_path.open("a") as f:
             for t in batch:
-                f.write(json.dumps({"step": step, "key": t.info.get("rollout_key"), "source": t.info.get("source"),
-                                    "instance_id": t.instance_id, "reward": t.reward, "exit": t.exit_reason}) + "\n")
+                row = {"step": step, "key": t.info.get("rollout_key"), "source": t.info.get("source"),
+                       "instance_id": t.instance_id, "reward": t.reward, "exit": t.exit_reason}
+                if self.log_tokens:  # what the learner trained on, token for token
+                    row.update(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, loss_mask=t.loss_mask,
+                               logprobs=t.logprobs, policy_version=t.policy_version)
+                f.write(json.dumps(row) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]

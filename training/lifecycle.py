@@ -87,7 +87,7 @@ def train(cfg: DictConfig, runtime: Runtime) -> int:
             if orch.step >= run_cfg.max_steps:
                 console.print(f"{out} already holds all {run_cfg.max_steps} steps: trainer.max_steps=N (N > {orch.step}) "
                               "trains on from here, resume=false or another output_dir starts over")
-        metrics_log = stack.enter_context(contextlib.closing(MetricsLog(out, orch.step)))
+        metrics_log = stack.enter_context(contextlib.closing(MetricsLog(out, orch.step, run_cfg.log_tokens)))
         held_out = make_source(cfg.held_out, engine, tokenizer, cfg) if cfg.held_out else None
         held_file = out / "held_out.json"
         summary = json.loads(held_file.read_text()) if latest is not None and held_file.exists() else {}

@@ -109,6 +109,7 @@ class RunConfig:
     engine_lag: int = 0  # the engine samples with the policy of this many versions ago
     max_in_flight: int | None = None  # default: batch_size + num_workers * group_size
     max_failed_in_a_row: int = 32  # rollouts failing back to back (Docker gone, say): the run stops
+    log_tokens: bool = False  # rollouts.jsonl also keeps each trained rollout's tokens (offline critic studies)
     seed: int = 0
 
 
