@@ -81,7 +81,9 @@ class Agent:
         chat = ChatRenderer(self.tokenizer, tools.definitions, cfg.family)
         messages = [{"role": "system", "content": env.system_prompt or cfg.system_prompt}]
         try:
+            t0 = time.monotonic()
             messages.append({"role": "user", "content": env.reset(task, sandbox, **versioned(env, self.engine))})
+            timings["reset"] = time.monotonic() - t0
             if hasattr(sandbox, "drop_privileges"):  # the model's commands as `sandbox.user`, when set
                 sandbox.drop_privileges()
         except SandboxError as e:

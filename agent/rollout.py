@@ -76,11 +76,15 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
     """
     image = env.image_for(task)
     grading = None
+    start = time.monotonic()
+    timings = {}  # the phases around the agent's own (training/timings.py)
     try:
         with pool.sandbox(image) as sb:
+            timings["sandbox"] = time.monotonic() - start  # waiting for a slot, and the container's start
             if env.grades_patch and prepare_grading:  # once this rollout holds its own sandbox
                 grading = _GradingSandbox(pool, image, task, env, versioned(env, agent.engine))
             traj = agent.run(task, env, sb, seed=seed)
+            traj.timings.update(timings)
             if traj.exit_reason == "sandbox_error":
                 return traj
             if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
@@ -89,19 +93,24 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
             t0 = time.monotonic()
             if not env.grades_patch:  # (a versioned env grades by the engine's version now, envs/online.py)
                 result = env.grade(task, sb, **versioned(env, agent.engine))
+                traj.timings["grade"] = time.monotonic() - t0
             else:
                 patch = env.patch_of(task, sb)
+            t_release = time.monotonic()
+        traj.timings["release"] = time.monotonic() - t_release  # the sandbox's removal
         if env.grades_patch:  # the rollout's sandbox is gone (its pool slot free) before this waits
+            t0 = time.monotonic()
             if grading is not None:
                 result = env.grade(task, grading.get(), patch, **versioned(env, agent.engine))
             else:
                 with pool.sandbox(image) as clean:
                     env.reset(task, clean, **versioned(env, agent.engine))
                     result = env.grade(task, clean, patch, **versioned(env, agent.engine))
+            traj.timings["grade"] = time.monotonic() - t0
     finally:
         if grading is not None:
             grading.close()
-    traj.timings["grade"] = time.monotonic() - t0
+    traj.timings["rollout"] = time.monotonic() - start
     traj.reward = result.reward
     traj.info["grade"] = {k: v for k, v in asdict(result).items() if k != "log"}
     return traj

@@ -82,13 +82,15 @@ def test_one_step_equals_the_torch_learner(tiny, tmp_path):
     for r in result["steps"]:
         mine, ref = r["metrics"], r["ref_metrics"]
         assert set(ref) <= set(mine), set(ref) - set(mine)
-        for k, v in ref.items():  # fp32, summed in another order: 1e-4 relative
-            assert abs(mine[k] - v) <= 1e-4 * max(1.0, abs(v)), (r["algo"], r["tp"], r["pp"], k, mine[k], v)
+        for k, v in ref.items():  # fp32, summed in another order: 1e-4 relative (times aside)
+            if not k.startswith("time/"):
+                assert abs(mine[k] - v) <= 1e-4 * max(1.0, abs(v)), (r["algo"], r["tp"], r["pp"], k, mine[k], v)
         # one Adam step at lr 1e-3 moves weights by up to ~1e-3; the two learners agree to 1e-4
         assert r["moved"] > 5e-4 and r["max_weight_diff"] < 1e-4, r
     after, resumed = result["after_save"], result["resumed"]
     assert after["learner/version"] == resumed["learner/version"] == 2
-    assert all(abs(after[k] - resumed[k]) <= 1e-6 * max(1.0, abs(after[k])) for k in after), (after, resumed)
+    assert all(abs(after[k] - resumed[k]) <= 1e-6 * max(1.0, abs(after[k])) for k in after if not k.startswith("time/")), \
+        (after, resumed)
     assert "tensor_parallel=2" in result["refused"] and "learner.tensor_parallel=1" in result["refused"]
 
 

@@ -35,6 +35,29 @@ def steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def check_timings(rows: list[dict]) -> None:
+    """Every phase of training/timings.py in every step; the step's phases add up to its wall
+    time but for a small remainder (logging, the loop), the learner's to its step."""
+    from training.timings import ROLLOUT_PHASES, STEP_PHASES
+
+    for row in rows:
+        missing = [f"time/step/{p}_s" for p in STEP_PHASES if f"time/step/{p}_s" not in row]
+        missing += [f"time/rollout/{p}_{s}_s" for p in ROLLOUT_PHASES for s in ("mean", "p95")
+                    if f"time/rollout/{p}_{s}_s" not in row]
+        missing += [f"time/learner/{p}_s" for p in ("pack", "policy_forward", "critic_forward", "critic_backward",
+                                                   "critic_optimizer", "policy_backward", "policy_optimizer")
+                    if f"time/learner/{p}_s" not in row]
+        assert not missing, missing
+        shares = sum(row[f"time/share/{p}"] for p in STEP_PHASES)
+        assert shares + row["time/share/unaccounted"] == pytest.approx(1.0, abs=1e-6)
+        assert row["time/share/unaccounted"] < 0.1, row
+        learner = sum(v for k, v in row.items() if k.startswith("time/learner/") and k != "time/learner/total_s")
+        assert 0.9 * row["time/learner/total_s"] <= learner <= row["time/learner/total_s"] <= row["time/step/learner_s"]
+        assert row["time/rollout/tokens_per_s"] > 0 and row["time/rollout/rollout_p95_s"] >= row["time/rollout/rollout_mean_s"] * 0.999
+    # step 1's checkpoint ran between the two steps' learner calls: in step 2's time
+    assert rows[0]["time/step/checkpoint_s"] == 0.0 and rows[1]["time/step/checkpoint_s"] > 0
+
+
 def test_default_run_writes_metrics_checkpoints_and_curve(tmp_path, docker_client):
     out = tmp_path / "run"
     r = train(out)
@@ -46,6 +69,7 @@ def test_default_run_writes_metrics_checkpoints_and_curve(tmp_path, docker_clien
     assert "step 2/2  reward " in r.stderr and "masked low" in r.stderr
     assert f"step 2: checkpoint {out / 'checkpoints' / 'step_2'}" in r.stderr
     assert "Writing model shards" not in r.stderr
+    check_timings(rows)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "reward_curve.png").stat().st_size > 1000
     held = json.loads((out / "held_out.json").read_text())

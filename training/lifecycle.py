@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -32,7 +33,9 @@ from training.runtime.base import Runtime
 STEP_LINE = (("reward", "reward/mean", ".3f"), ("masked low", "sao/mask_frac_low", ".3f"),
              ("masked high", "sao/mask_frac_high", ".3f"), ("clipfrac", "ppo/clipfrac", ".3f"),
              ("explained_var", "value/explained_var", ".2f"), ("staleness", "staleness/mean", ".2f"),
-             ("learner idle", "time/learner_idle_frac", ".2f"), ("step s", "time/learner_step_s", ".1f"))
+             ("learner idle", "time/learner_idle_frac", ".2f"), ("step s", "time/step/wall_s", ".1f"),
+             ("learner s", "time/step/learner_s", ".1f"), ("sync s", "time/step/weight_sync_s", ".2f"),
+             ("rollout p95 s", "time/rollout/rollout_p95_s", ".1f"), ("tok/s", "time/rollout/tokens_per_s", ".0f"))
 
 
 def step_line(step: int, max_steps: int, metrics: dict) -> str:
@@ -127,14 +130,17 @@ def _stream(orch: Orchestrator, run_cfg: RunConfig, metrics_log: MetricsLog, che
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("train", total=run_cfg.max_steps, completed=orch.step, reward=0.0, stale=0.0)
 
-        def on_step(step: int, metrics: dict, batch) -> None:
+        def on_step(step: int, metrics: dict, batch) -> dict[str, float]:
             metrics_log.log(step, metrics)
             metrics_log.log_rollouts(step, batch)
             progress.update(bar, completed=step, reward=metrics["reward/mean"], stale=metrics["staleness/mean"])
             if not console.is_terminal:  # a log file gets no live bar: one line a step instead
                 console.print(step_line(step, run_cfg.max_steps, metrics))
             if step % run_cfg.checkpoint_every == 0 or step == run_cfg.max_steps:
+                t0 = time.monotonic()
                 console.print(f"step {step}: checkpoint {checkpoints.save(step, learner, orch.state_dict(), orch.lag_state())}")
+                return {"checkpoint": time.monotonic() - t0}  # (in the next step's time/step/checkpoint_s)
+            return {}
 
         orch.on_step = on_step
 

@@ -24,6 +24,7 @@ from agent.rollout import rollout_and_grade
 from agent.trajectory import EXIT_REASONS, Trajectory
 from envs.base import Env, Task
 from sandbox.pool import SandboxPool
+from training import timings
 from training.buffer import RolloutStream
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,9 @@ class Orchestrator:
         self.rollouts_lost = 0
         self._failed_in_a_row = 0
         self._wait_s = 0.0
+        self._batch_wait_s = 0.0
+        self._step_mark = 0.0
+        self._after_step: dict[str, float] = {"checkpoint": 0.0, "log": 0.0}  # the last step's, for the next
         self._start = 0.0
         self._past: collections.deque = collections.deque()  # engine_lag: the weights not yet given to the engine
         self._given = None  # engine_lag: the (weights, version) the engine samples with now
@@ -152,7 +156,7 @@ class Orchestrator:
         return self.step < self.cfg.max_steps and self.stop_reason is None
 
     async def run(self) -> None:
-        self._start = time.monotonic()
+        self._start = self._step_mark = time.monotonic()
         if self.cfg.engine_lag and self._given is None:  # what the engine starts with, for a checkpoint
             self._given = (self._snapshot(self.learner.state_dict_for_engine()), self.learner.version)
         self._engine_busy0 = self.engine.busy_s
@@ -164,7 +168,8 @@ class Orchestrator:
                 while self._going():
                     t0 = time.monotonic()
                     batch = await self._take_unless_a_worker_fails(workers, hold=self._one_version_later_is_too_old())
-                    self._wait_s += time.monotonic() - t0
+                    self._batch_wait_s = time.monotonic() - t0
+                    self._wait_s += self._batch_wait_s
                     if batch is None:  # asked to stop while waiting
                         break
                     try:
@@ -191,7 +196,8 @@ class Orchestrator:
                     break
                 groups = gathering.result()
                 batch = [t for g in groups if g for t in g]
-                self._wait_s += time.monotonic() - t0  # the learner waits for the whole batch
+                self._batch_wait_s = time.monotonic() - t0  # the learner waits for the whole batch
+                self._wait_s += self._batch_wait_s
                 if batch:  # empty only when every rollout of it failed (counted in rollout/errors)
                     await self._learn(batch)
         else:
@@ -298,13 +304,21 @@ class Orchestrator:
                 await asyncio.to_thread(self.engine.wake_up)
         learn_s = time.monotonic() - t0
         self.step += 1
+        sync_s = 0.0
         if self.learner.version != version_before and self.step % self.cfg.sync_every == 0:
             t1 = time.monotonic()
             synced = self._lagged(self.learner.state_dict_for_engine(), self.learner.version)
             if synced is not None:
                 await asyncio.to_thread(self.engine.update_weights, *synced)
                 metrics["time/weight_sync_s"] = time.monotonic() - t1
-        elapsed = max(time.monotonic() - self._start, 1e-9)
+            sync_s = time.monotonic() - t1  # (a lagged engine's snapshot counts, sent or not)
+        now = time.monotonic()
+        elapsed = max(now - self._start, 1e-9)
+        # this step's phases, and the previous step's checkpoint and log, which ran in between
+        metrics.update(timings.step_metrics({"batch_wait": self._batch_wait_s, "learner": learn_s,
+                                             "weight_sync": sync_s, **self._after_step},
+                                            now - self._step_mark))
+        metrics.update(timings.rollout_metrics(batch))
         metrics.update(self.stream.metrics(batch, version_before))
         metrics.update({
             "time/learner_idle_frac": self._wait_s / elapsed,
@@ -325,7 +339,11 @@ class Orchestrator:
         metrics.update(self.pool.metrics() if hasattr(self.pool, "metrics") else {})  # sandbox/disk_quota: the bound in force
         for reason in EXIT_REASONS:
             metrics[f"exit/{reason}"] = sum(t.exit_reason == reason for t in batch) / len(batch)
-        self.on_step(self.step, metrics, batch)
+        self._step_mark = now  # the next step's wall time starts here, its log and checkpoint included
+        t2 = time.monotonic()
+        spent = self.on_step(self.step, metrics, batch) or {}  # {"checkpoint": seconds} when it saved one
+        self._after_step = {"checkpoint": spent.get("checkpoint", 0.0)}
+        self._after_step["log"] = max(0.0, time.monotonic() - t2 - self._after_step["checkpoint"])
 
     @staticmethod
     def _snapshot(weights):

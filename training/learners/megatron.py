@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import defaultdict
 from functools import partial
 from pathlib import Path
@@ -45,6 +46,7 @@ from training.learners.mcore import model as mm
 from training.learners.mcore.logprobs import vocab_parallel_logprobs
 from training.learners.mcore.packing import Packed, pack_rows, token_budget_parts
 from training.learners.base import LayoutError
+from training.timings import Phases
 
 
 class _Model:
@@ -127,6 +129,7 @@ class MegatronLearner:
             self.critic = self._make(value_checkpoint or model_path, torch_dtype, algo.lr_critic, weight_decay,
                                      grad_clip, distributed_optimizer, recompute, value_model=True,
                                      freeze_attention=algo.freeze_critic_attention)
+        self._phase = Phases()  # the current step's time per phase (training/timings.py)
         self.step_count = 0
         self.version = 0
         # megatron's checkpoint writer reports through a queue served by a spawned process,
@@ -197,11 +200,14 @@ class MegatronLearner:
         return p.unpack(logp)
 
     def _update(self, model: _Model, packs: list[Packed], loss_fn) -> dict[str, float]:
+        name = "critic" if model.value_model else "policy"
         for chunk in model.chunks:
             chunk.zero_grad_buffer()
         model.optimizer.zero_grad()
-        outputs = self._run(model, packs, loss_fn, forward_only=False)
-        _, grad_norm, _ = model.optimizer.step()
+        with self._phase(f"{name}_backward"):  # megatron's schedule: forward and backward together
+            outputs = self._run(model, packs, loss_fn, forward_only=False)
+        with self._phase(f"{name}_optimizer"):
+            _, grad_norm, _ = model.optimizer.step()
         acc: dict[str, float] = defaultdict(float)
         for out in outputs if self.last_stage else []:
             for k, v in out.items():
@@ -225,10 +231,13 @@ class MegatronLearner:
 
     # -- one step -----------------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
-        batch = Batch(**{k: v.to(self.device) for k, v in vars(pack(trajectories, self.pad_id, group_ids)).items()})
-        lengths = batch.attention_mask.sum(1).tolist()
-        mine = shard_rows(lengths, self.dp_rank, self.dp)
-        packs = self._packs(batch, token_budget_parts(lengths, mine, self.micro_batch_tokens))
+        t0 = time.perf_counter()
+        self._phase = Phases(torch.cuda.synchronize if torch.cuda.is_available() else None)
+        with self._phase("pack"):
+            batch = Batch(**{k: v.to(self.device) for k, v in vars(pack(trajectories, self.pad_id, group_ids)).items()})
+            lengths = batch.attention_mask.sum(1).tolist()
+            mine = shard_rows(lengths, self.dp_rank, self.dp)
+            packs = self._packs(batch, token_budget_parts(lengths, mine, self.micro_batch_tokens))
         n_sampled = max(batch.num_sampled, 1)
         old_logp, values = self._old_logprobs_and_values(batch, packs)
         metrics: dict[str, float] = {}
@@ -262,6 +271,9 @@ class MegatronLearner:
         self.step_count += 1
         metrics["learner/step"] = float(self.step_count)
         metrics["learner/version"] = float(self.version)
+        if self.last_stage:  # the report rank's own times (every rank waits for the slowest in the collectives)
+            metrics.update(self._phase.metrics("time/learner"))
+            metrics["time/learner/total_s"] = time.perf_counter() - t0
         return self._from_report_rank(metrics)
 
     def _from_report_rank(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -294,10 +306,10 @@ class MegatronLearner:
                 target[torch.tensor(p.rows), : rows.shape[1]] = rows
             return output.new_zeros(()), self._count(0), {}
 
-        with torch.no_grad():
+        with self._phase("critic_forward" if model.value_model else "policy_forward"), torch.no_grad():
             self._run(model, packs, collect, forward_only=True)
-        if self.dp > 1:
-            dist.all_reduce(target, group=self.dp_group)
+            if self.dp > 1:
+                dist.all_reduce(target, group=self.dp_group)
         return target
 
     def _value_loss(self, batch, returns, n_sampled, p: Packed, output):

@@ -13,6 +13,7 @@ warm-up) one policy update, which makes a new policy version.
 from __future__ import annotations
 
 import random
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from training import collectives, losses
 from training.batch import Batch, micro_batch_rows, pack
 from training.learners.metrics import accumulate, batch_metrics, policy_health
 from training.logprobs import token_logprobs
+from training.timings import Phases
 
 
 def _rows(t: torch.Tensor, rows: list[int], length: int) -> torch.Tensor:
@@ -79,6 +81,7 @@ class TorchLearner:
                         p.requires_grad_(False)
             trainable = [p for p in self.critic.parameters() if p.requires_grad]
             self.critic_opt = torch.optim.AdamW(trainable, lr=algo.lr_critic, weight_decay=weight_decay)
+        self._phase = Phases()  # the current step's time per phase (training/timings.py)
         self.step_count = 0  # learner steps taken (critic-only warm-up steps included)
         self.version = 0  # policy updates made: the version the engine samples with after a sync
 
@@ -97,22 +100,26 @@ class TorchLearner:
 
     # -- one step ---------------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
-        batch = self._to(pack(trajectories, self.pad_id, group_ids))
-        # this rank's rows (all of them in one process), in token-budget micro-batches
-        mine = collectives.shard_rows(batch.attention_mask.sum(1).tolist(), self.dist.rank, self.dist.world)
-        parts = self._micro_batches(batch, mine)
+        t0 = time.perf_counter()
+        self._phase = Phases(torch.cuda.synchronize if str(self.device).startswith("cuda") else None)
+        with self._phase("pack"):
+            batch = self._to(pack(trajectories, self.pad_id, group_ids))
+            # this rank's rows (all of them in one process), in token-budget micro-batches
+            mine = collectives.shard_rows(batch.attention_mask.sum(1).tolist(), self.dist.rank, self.dist.world)
+            parts = self._micro_batches(batch, mine)
         n_sampled = max(batch.num_sampled, 1)  # of the whole batch, on every rank
         B, L = batch.input_ids.shape
-        old_logp = torch.zeros(B, L, device=self.device)
-        with torch.no_grad():
+        with self._phase("policy_forward"), torch.no_grad():
+            old_logp = torch.zeros(B, L, device=self.device)
             for rows in parts:
                 mb = batch.select(rows)
                 old_logp[torch.tensor(rows), : mb.input_ids.shape[1]] = self._logprobs(mb)
-        # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's, so
-        # each rank computes the same advantages
-        collectives.sum_(old_logp)
+            # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's, so
+            # each rank computes the same advantages
+            collectives.sum_(old_logp)
         values = self._critic_values(batch, parts) if self.critic is not None else None
-        advantages, returns = self.algo.advantages(batch, values)
+        with self._phase("advantages"):
+            advantages, returns = self.algo.advantages(batch, values)
         metrics: dict[str, float] = {}
         if self.critic is not None:
             lr = self.algo.critic_lr_at(self.step_count)
@@ -125,7 +132,8 @@ class TorchLearner:
                 metrics.update(update)
             if self.algo.values_after_critic:  # advantages from the values the K updates left
                 after = self._critic_values(batch, parts)
-                advantages, _ = self.algo.advantages(batch, after)
+                with self._phase("advantages"):
+                    advantages, _ = self.algo.advantages(batch, after)
                 metrics["value/explained_var_after"] = losses.value_loss(
                     after, returns, batch.loss_mask)[1]["value/explained_var"]
         # the explained variance is the values' before this batch's critic updates (out of sample)
@@ -140,31 +148,35 @@ class TorchLearner:
         self.step_count += 1
         metrics["learner/step"] = float(self.step_count)
         metrics["learner/version"] = float(self.version)
+        metrics.update(self._phase.metrics("time/learner"))
+        metrics["time/learner/total_s"] = time.perf_counter() - t0
         return metrics
 
     def _critic_values(self, batch: Batch, parts: list[list[int]]) -> torch.Tensor:
         """[B, L] the critic's values for the whole batch: this rank's rows, summed over ranks."""
         values = torch.zeros(batch.input_ids.shape, device=self.device)
-        with torch.no_grad():
+        with self._phase("critic_forward"), torch.no_grad():
             for rows in parts:
                 mb = batch.select(rows)
                 values[torch.tensor(rows), : mb.input_ids.shape[1]] = self._values(mb)
-        collectives.sum_(values)
+            collectives.sum_(values)
         return values
 
     def _critic_update(self, batch, parts, returns, n_sampled) -> dict[str, float]:
         self.critic_opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = defaultdict(float)
-        for rows in parts:
-            mb = batch.select(rows)
-            target = _rows(returns, rows, mb.input_ids.shape[1])
-            loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
-            loss.backward()
-            accumulate(acc, m, mb.num_sampled / n_sampled)
-        collectives.sum_gradients(self.critic)
-        acc = collectives.sum_metrics(acc)
-        acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
-        self.critic_opt.step()
+        with self._phase("critic_backward"):  # forward and backward, gradients summed over ranks
+            for rows in parts:
+                mb = batch.select(rows)
+                target = _rows(returns, rows, mb.input_ids.shape[1])
+                loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
+                loss.backward()
+                accumulate(acc, m, mb.num_sampled / n_sampled)
+            collectives.sum_gradients(self.critic)
+            acc = collectives.sum_metrics(acc)
+        with self._phase("critic_optimizer"):
+            acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
+            self.critic_opt.step()
         return dict(acc)
 
     def _micro_batches(self, batch: Batch, rows: list[int]) -> list[list[int]]:
@@ -194,17 +206,19 @@ class TorchLearner:
     def _policy_step(self, batch, parts, advantages, old_logp, n_loss, n_sampled) -> dict[str, float]:
         self.policy_opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = defaultdict(float)
-        for rows in parts:
-            mb = batch.select(rows)
-            n = mb.input_ids.shape[1]
-            loss, m = self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n),
-                                            _rows(old_logp, rows, n), n_loss)
-            loss.backward()
-            accumulate(acc, m, mb.num_sampled / n_sampled)
-        collectives.sum_gradients(self.policy)
-        acc = collectives.sum_metrics(acc)
-        acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
-        self.policy_opt.step()
+        with self._phase("policy_backward"):  # forward and backward, gradients summed over ranks
+            for rows in parts:
+                mb = batch.select(rows)
+                n = mb.input_ids.shape[1]
+                loss, m = self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n),
+                                                _rows(old_logp, rows, n), n_loss)
+                loss.backward()
+                accumulate(acc, m, mb.num_sampled / n_sampled)
+            collectives.sum_gradients(self.policy)
+            acc = collectives.sum_metrics(acc)
+        with self._phase("policy_optimizer"):
+            acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
+            self.policy_opt.step()
         return dict(acc)
 
     # -- weights out, checkpoints -----------------------------------------------------------------
