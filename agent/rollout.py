@@ -31,26 +31,31 @@ from sandbox.pool import SandboxPool
 console = Console(stderr=True)
 
 
-class _GradingSandbox:
-    """A clean sandbox for grading, made ready (created from the task's image, its workspace
-    reset) in a thread of its own while the rollout runs, so grading in a fresh sandbox adds
-    little to the rollout's time. Nothing of the rollout's sandbox reaches it."""
+class _SandboxInThread:
+    """A sandbox from the pool made ready in a thread of its own (created from `image`, then
+    `ready(sandbox)` run on it), so the rollout can go on meanwhile; `get()` waits for it.
+    `release()` removes it in the background: the rollout does not wait for the removal, and
+    the pool's slot stays held until the container is gone (the pool's close sweeps any left)."""
 
-    def __init__(self, pool: SandboxPool, image: str, task: Task, env: Env, reset_kw: dict | None = None):
+    def __init__(self, pool: SandboxPool, image: str, ready=None, name: str = "sandbox"):
         self._stack = contextlib.ExitStack()
         self._sandbox = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._prepare, args=(pool, image, task, env, reset_kw or {}),
-                                        daemon=True, name=f"grading-sandbox-{task.instance_id}")
+        self.start_s = 0.0  # waiting for a pool slot, and the container's start (and `ready`)
+        self._thread = threading.Thread(target=self._prepare, args=(pool, image, ready), daemon=True, name=name)
         self._thread.start()
 
-    def _prepare(self, pool: SandboxPool, image: str, task: Task, env: Env, reset_kw: dict) -> None:
+    def _prepare(self, pool: SandboxPool, image: str, ready) -> None:
+        t0 = time.monotonic()
         try:
             sandbox = self._stack.enter_context(pool.sandbox(image))
-            env.reset(task, sandbox, **reset_kw)
+            if ready is not None:
+                ready(sandbox)
             self._sandbox = sandbox
-        except BaseException as e:  # said when grading asks for it
+        except BaseException as e:  # said when the sandbox is asked for
             self._error = e
+        finally:
+            self.start_s = time.monotonic() - t0
 
     def get(self):
         self._thread.join()
@@ -59,57 +64,93 @@ class _GradingSandbox:
         return self._sandbox
 
     def close(self) -> None:
+        """Remove it now (waiting for its start first, if it is still starting)."""
         self._thread.join()
         self._stack.close()
+
+    def release(self) -> None:
+        threading.Thread(target=self.close, daemon=True, name="sandbox-removal").start()
+
+
+class _Waiting:
+    """The rollout's sandbox while it starts: every use waits for it, so an env whose reset needs
+    none (the answer envs: `prefer`, `arith`) generates its first turn meanwhile and waits only at
+    its first tool call; an env that sets up its workspace in reset (SWE) waits there, as before.
+    `drop_privileges` is applied when the sandbox is first reached. `blocked_s`: the time spent
+    waiting for it."""
+
+    def __init__(self, held: _SandboxInThread):
+        self._held = held
+        self._drop = False
+        self._lock = threading.Lock()
+        self.blocked_s = 0.0
+
+    def _get(self):
+        with self._lock:
+            t0 = time.monotonic()
+            sandbox = self._held.get()
+            if self._drop:
+                self._drop = False
+                sandbox.drop_privileges()
+            self.blocked_s += time.monotonic() - t0
+        return sandbox
+
+    def drop_privileges(self) -> None:
+        self._drop = True
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
 
 
 def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, seed: int | None = None,
                       prepare_grading: bool = True) -> Trajectory:
     """One rollout in a fresh sandbox, graded; every sandbox is removed however it ends.
 
-    An env that grades a patch (`env.grades_patch`, the SWE env) is graded as SWE-bench's harness
-    grades: the workspace's diff is taken, and the tests run in another fresh sandbox from the
-    task's image with only that patch applied, so nothing the agent did outside the repository
-    (a shadowed test runner, a daemon it left) touches grading. That sandbox is made ready while
-    the rollout runs (`prepare_grading`; one more container per rollout, idle until grading).
-    Other envs grade in place.
+    The rollout's sandbox starts in a thread the moment the rollout begins, and the agent waits
+    for it only where it first needs it (`_Waiting`); it is removed in the background once the
+    rollout is done with it. An env that grades a patch (`env.grades_patch`, the SWE env) is
+    graded as SWE-bench's harness grades: the workspace's diff is taken, and the tests run in
+    another fresh sandbox from the task's image with only that patch applied, so nothing the
+    agent did outside the repository (a shadowed test runner, a daemon it left) touches grading.
+    That sandbox is made ready while the rollout runs (`prepare_grading`; one more container
+    per rollout, idle until grading). Other envs grade in place.
     """
     image = env.image_for(task)
     grading = None
     start = time.monotonic()
-    timings = {}  # the phases around the agent's own (training/timings.py)
+    held = _SandboxInThread(pool, image, name=f"sandbox-{task.instance_id}")
+    sb = _Waiting(held)
     try:
-        with pool.sandbox(image) as sb:
-            timings["sandbox"] = time.monotonic() - start  # waiting for a slot, and the container's start
-            if env.grades_patch and prepare_grading:  # once this rollout holds its own sandbox
-                grading = _GradingSandbox(pool, image, task, env, versioned(env, agent.engine))
-            traj = agent.run(task, env, sb, seed=seed)
-            traj.timings.update(timings)
-            if traj.exit_reason == "sandbox_error":
-                return traj
-            if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
-                traj.reward = 0.0
-                return traj
-            t0 = time.monotonic()
-            if not env.grades_patch:  # (a versioned env grades by the engine's version now, envs/online.py)
-                result = env.grade(task, sb, **versioned(env, agent.engine))
-                traj.timings["grade"] = time.monotonic() - t0
-            else:
-                patch = env.patch_of(task, sb)
-            t_release = time.monotonic()
-        traj.timings["release"] = time.monotonic() - t_release  # the sandbox's removal
-        if env.grades_patch:  # the rollout's sandbox is gone (its pool slot free) before this waits
-            t0 = time.monotonic()
+        if env.grades_patch and prepare_grading:  # made ready beside the rollout's own
+            kw = versioned(env, agent.engine)  # (the engine's version as the rollout starts)
+            grading = _SandboxInThread(pool, image, lambda clean: env.reset(task, clean, **kw),
+                                       name=f"grading-sandbox-{task.instance_id}")
+        traj = agent.run(task, env, sb, seed=seed)
+        traj.timings.update(sandbox=held.start_s, sandbox_blocked=sb.blocked_s)
+        if traj.exit_reason == "sandbox_error":
+            return traj
+        if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
+            traj.reward = 0.0
+            return traj
+        t0 = time.monotonic()
+        if not env.grades_patch:  # (a versioned env grades by the engine's version now, envs/online.py)
+            result = env.grade(task, sb, **versioned(env, agent.engine))
+        else:
+            patch = env.patch_of(task, sb)
+            held.release()  # the rollout's sandbox goes (its pool slot free once it is gone) before this waits
+            held = None
             if grading is not None:
                 result = env.grade(task, grading.get(), patch, **versioned(env, agent.engine))
             else:
                 with pool.sandbox(image) as clean:
                     env.reset(task, clean, **versioned(env, agent.engine))
                     result = env.grade(task, clean, patch, **versioned(env, agent.engine))
-            traj.timings["grade"] = time.monotonic() - t0
+        traj.timings["grade"] = time.monotonic() - t0
     finally:
+        if held is not None:
+            held.release()
         if grading is not None:
-            grading.close()
+            grading.release()
     traj.timings["rollout"] = time.monotonic() - start
     traj.reward = result.reward
     traj.info["grade"] = {k: v for k, v in asdict(result).items() if k != "log"}

@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agent.rollout import _GradingSandbox
+from agent.rollout import _SandboxInThread
 from taskdata.load import load_builtin_tasks
 from envs.swe import SWEEnv
 from sandbox.pool import SandboxPool
@@ -71,7 +71,7 @@ def measure(n_tasks: int, repeats: int) -> dict:
             # training's way: the clean sandbox made ready while the rollout runs (here the
             # rollout is only its reset and edit, so the overlap is the least it can be)
             with pool.sandbox(env.image_for(task)) as sb:
-                grading = _GradingSandbox(pool, env.image_for(task), task, env)
+                grading = _SandboxInThread(pool, env.image_for(task), lambda sb: env.reset(task, sb))
                 try:
                     env.reset(task, sb)
                     env._apply(sb, task.patch)

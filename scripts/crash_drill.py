@@ -44,7 +44,7 @@ LABEL = "sao.sandbox"
 
 def _worker(conn: Connection, run_id: str, kind: str) -> None:
     """Run rollouts the driver sends (a key each), answer each with its verdict; stop on None."""
-    from agent.rollout import _GradingSandbox
+    from agent.rollout import _SandboxInThread
     from taskdata.load import load_builtin_tasks
     from envs.swe import SWEEnv
     from sandbox.docker import client, sweep
@@ -62,7 +62,7 @@ def _worker(conn: Connection, run_id: str, kind: str) -> None:
             conn.send(("done", key, resolved, "" if resolved else f"exit {r.exit_code}: {r.output[-500:]}"))
             continue
         with pool.sandbox(env.image_for(task)) as sb:
-            grading = _GradingSandbox(pool, env.image_for(task), task, env)
+            grading = _SandboxInThread(pool, env.image_for(task), lambda sb: env.reset(task, sb))
             try:
                 env.reset(task, sb)
                 if (failed := env._apply(sb, task.patch)) is not None:  # the agent's edit, left in the workspace

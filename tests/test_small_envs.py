@@ -171,3 +171,41 @@ def test_seek_demonstrations_follow_the_reply_with_the_set_probability():
     moves = [m["tool_calls"][0]["function"]["arguments"]["direction"] for m in game if m["role"] == "assistant"]
     assert len(moves) == 3 and kept.count("<tool_call>") == 3
     assert all(f'"direction": "{d}"' in kept for d in moves)
+
+
+def test_the_first_turn_is_generated_while_the_sandbox_starts_and_removal_is_not_waited_for():
+    """An answer env needs no sandbox until its tool runs: the rollout's container starts in a
+    thread while the engine generates, and is removed after the rollout has returned. The pool
+    here is the real one, its sandbox's start held until the engine has been asked and its
+    removal held until the rollout is back: waiting for either would time out."""
+    import contextlib
+    import threading
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_model())
+    generated, returned = threading.Event(), threading.Event()
+
+    class Engine(ScriptedEngine):
+        def generate(self, *a, **kw):
+            generated.set()
+            return super().generate(*a, **kw)
+
+    real = SandboxPool("pytest-overlap", max_live=2)
+
+    class Gated:
+        @contextlib.contextmanager
+        def sandbox(self, image):
+            assert generated.wait(60), "the sandbox was waited for before the engine was asked"
+            with real.sandbox(image) as sb:
+                yield sb
+                assert returned.wait(60), "the rollout waited for the sandbox's removal"
+
+    env, task = PreferEnv(), make_prefer_tasks(1, seed=1)[0]
+    try:
+        traj = rollout_and_grade(Agent(Engine(tok, [call("answer", value="7")]), tok, AgentConfig(max_turns=2)),
+                                 task, env, Gated())
+        returned.set()
+        assert traj.reward == 1.0 and traj.exit_reason == "submitted"
+        assert traj.timings["sandbox_blocked"] > 0 and traj.timings["sandbox"] >= traj.timings["sandbox_blocked"]
+    finally:
+        returned.set()
+        real.close()

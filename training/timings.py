@@ -3,10 +3,12 @@
 Three views, all under `time/` in metrics.jsonl and TensorBoard:
 
 - **per rollout** (`time/rollout/<phase>_mean_s` and `_p95_s` over the step's batch): `sandbox`
-  (waiting for a sandbox and starting it), `reset` (the env's set-up in it), `generate` (the
-  engine, all turns), `tools` (tool calls in the sandbox), `grade`, `release` (the sandbox's
-  removal), and `rollout` (all of it, end to end); with `time/rollout/generate_per_turn_s`
-  and `time/rollout/tokens_per_s` (sampled tokens over engine seconds, each rollout's own);
+  (waiting for a pool slot and starting the container, in a thread beside the rollout),
+  `sandbox_blocked` (how long the rollout itself waited for it), `reset` (the env's set-up),
+  `generate` (the engine, all turns), `tools` (tool calls in the sandbox), `grade`, and
+  `rollout` (all of it, end to end; the sandbox's removal runs after, in the background);
+  with `time/rollout/generate_per_turn_s` and `time/rollout/tokens_per_s` (sampled tokens over
+  engine seconds, each rollout's own);
 - **per learner step** (`time/learner/<phase>_s`, from the learner itself): each model's no-grad
   forward, its update's forward and backward, its optimizer step (`policy_forward`,
   `critic_forward`, `critic_backward`, `critic_optimizer`, `policy_backward`,
@@ -29,7 +31,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 
-ROLLOUT_PHASES = ("sandbox", "reset", "generate", "tools", "grade", "release", "rollout")
+ROLLOUT_PHASES = ("sandbox", "sandbox_blocked", "reset", "generate", "tools", "grade", "rollout")
 STEP_PHASES = ("batch_wait", "learner", "weight_sync", "checkpoint", "log")
 
 
