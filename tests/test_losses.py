@@ -415,3 +415,25 @@ def _rows(rewards, keys):
     z = torch.zeros(n, 2)
     return Batch(z.long(), z.long(), z.long(), torch.ones(n, 2), z, z.long(), torch.tensor(rewards), torch.arange(n),
                  torch.tensor(keys))
+
+
+def test_gae_over_long_rows_in_blocks_equals_plain_gae_row_by_row():
+    # the blocked computation crosses several 64-token blocks: rows of up to 300 positions, about
+    # half sampled (in runs, as turns are), each row its own length-adaptive lambda
+    g = torch.Generator().manual_seed(0)
+    B, T = 5, 300
+    mask = (torch.rand(B, T, generator=g) < 0.5).float()
+    mask[3] = 0.0  # a row with no sampled token
+    mask[4, :] = 0.0
+    mask[4, 7] = 1.0  # and one with a single one
+    values = torch.randn(B, T, generator=g)
+    rewards = torch.tensor([1.0, 0.0, -0.5, 1.0, 2.0])
+    for gamma, lam in ((1.0, None), (0.99, 0.95)):
+        adv, ret = skip_observation_gae(rewards, values, mask, gamma, lam)
+        lams = adaptive_lambda(mask) if lam is None else torch.full((B,), lam)
+        for b in range(B):
+            kept = values[b][mask[b].bool()].tolist()
+            expected = torch.tensor(plain_gae(rewards[b].item(), kept, gamma, lams[b].item()), dtype=torch.float32)
+            torch.testing.assert_close(adv[b][mask[b].bool()], expected, atol=1e-5, rtol=1e-5)
+        assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
+        torch.testing.assert_close(ret[mask.bool()], (adv + values)[mask.bool()])

@@ -236,6 +236,35 @@ def adaptive_lambda(loss_mask: torch.Tensor) -> torch.Tensor:  # loss_mask [B, T
     return 1 - 1 / (1.5 * length)
 
 
+def _discounted_reverse_sum(x: torch.Tensor, c: torch.Tensor, n: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """y[b, t] = sum over j >= t (within the row's first n[b] entries) of c[b]^(j - t) x[b, j]:
+    A_t = delta_t + c A_(t+1), computed in blocks of `block` entries from each row's end: inside a
+    block one [block x block] product of powers of c (exponents below `block`, so no power
+    overflows whatever c and the length), across blocks the carried sum. float64; a Python loop
+    of S / block iterations instead of one per token."""
+    B, S = x.shape
+    # each row reversed within its own length: its last entry first (entries past n stay 0)
+    idx = torch.arange(S, device=x.device)[None]
+    rev = (n[:, None] - 1 - idx).clamp(min=0)
+    inside = idx < n[:, None]
+    xr = torch.where(inside, x.gather(1, rev), 0.0)
+    pad = (-S) % block
+    if pad:
+        xr = torch.cat([xr, xr.new_zeros(B, pad)], dim=1)
+    k = torch.arange(block, device=x.device, dtype=torch.float64)
+    expo = k[:, None] - k[None, :]  # [block, block]: i - j
+    powers = torch.where(expo >= 0, c[:, None, None] ** expo.clamp(min=0), 0.0)  # [B, block, block]
+    carry_pow = c[:, None] ** (k + 1)[None]  # [B, block]: c^(i + 1)
+    out = torch.empty_like(xr)
+    carry = xr.new_zeros(B)
+    for start in range(0, xr.shape[1], block):
+        chunk = torch.bmm(powers, xr[:, start:start + block, None])[..., 0] + carry_pow * carry[:, None]
+        out[:, start:start + block] = chunk
+        carry = chunk[:, -1]
+    out = out[:, :S]
+    return torch.where(inside, out.gather(1, rev), 0.0)  # back in each row's own order
+
+
 def skip_observation_gae(
     rewards: torch.Tensor,  # [B] terminal reward of each trajectory
     values: torch.Tensor,  # [B, T] critic's per-token values
@@ -258,20 +287,24 @@ def skip_observation_gae(
     B, T = values.shape
     if lam is None:
         lam = adaptive_lambda(loss_mask)
-    lam = torch.as_tensor(lam, dtype=values.dtype, device=values.device).expand(B)
+    lam = torch.as_tensor(lam, dtype=torch.float64, device=values.device).expand(B)
+    # Each row's sampled tokens, gathered in order into [B, S] (S: the most any row has): the
+    # recursion over them is ordinary GAE, with no observation in between to skip.
+    n = sampled.sum(dim=-1)  # [B]
+    S = int(n.max()) if B else 0
     advantages = torch.zeros_like(values)
-    next_value = values.new_zeros(B)  # V(next sampled token); 0 past the end (terminal)
-    next_adv = values.new_zeros(B)  # A(next sampled token)
-    seen = torch.zeros(B, dtype=torch.bool, device=values.device)  # a later sampled token exists in this row
-    for t in reversed(range(T)):
-        is_action = sampled[:, t]
-        reward_t = torch.where(is_action & ~seen, rewards.float(), 0.0)  # paid at the last action
-        delta = reward_t + gamma * next_value - values[:, t]
-        adv_t = delta + gamma * lam * next_adv
-        advantages[:, t] = torch.where(is_action, adv_t, 0.0)
-        # observation tokens leave the carried state untouched: that is the skip
-        next_value = torch.where(is_action, values[:, t], next_value)
-        next_adv = torch.where(is_action, adv_t, next_adv)
-        seen = seen | is_action
+    if S == 0:
+        return advantages, torch.zeros_like(values)
+    positions = torch.arange(T, device=values.device).expand(B, T)
+    order = torch.where(sampled, positions, positions + T).argsort(dim=-1)[:, :S]  # sampled positions first, in order
+    present = torch.arange(S, device=values.device)[None] < n[:, None]  # [B, S]
+    v = torch.where(present, values.gather(1, order).double(), 0.0)
+    next_v = torch.cat([v[:, 1:], v.new_zeros(B, 1)], dim=1)  # 0 past a row's last token (terminal)
+    last = present & ~torch.cat([present[:, 1:], present.new_zeros(B, 1)], dim=1)
+    delta = torch.where(last, rewards.double()[:, None], 0.0) + gamma * next_v - v
+    delta = torch.where(present, delta, 0.0)
+    adv = _discounted_reverse_sum(delta, gamma * lam, n)
+    advantages.scatter_(1, order, torch.where(present, adv, 0.0).float())
+    advantages = torch.where(sampled, advantages, 0.0)
     returns = torch.where(sampled, advantages + values, 0.0)
     return advantages, returns
