@@ -3,7 +3,7 @@ rollouts, in settings the run did not try, scored on rollouts it never saw.
 
     python -m training.run trainer.log_tokens=true output_dir=RUN      # the run, its tokens kept
     python -m experiments.critic_fit RUN [--split-step 30] [--epochs 5] [--cases ...]
-        [--output FILE.json] [--plot FILE.png]
+        [--output FILE.json [--resume]] [--plot FILE.png]
 
 The run's rollouts.jsonl (written with `trainer.log_tokens=true`) holds every rollout the
 learner trained on, token for token, with its step. Those of steps up to `--split-step` train
@@ -197,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path)
+    p.add_argument("--resume", action="store_true", help="keep the cases already in --output (same run, split, epochs)")
     p.add_argument("--plot", type=Path)
     args = p.parse_args(argv)
+    if args.resume and not args.output:
+        p.error("--resume needs --output (the file whose cases it keeps)")
     from training.factories import make_algo, prepare_model
 
     rows = load_rollouts(args.run)
@@ -227,8 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     results = {"run": str(args.run), "model": model, "split_step": split, "steps": last, "epochs": args.epochs,
                "train_rollouts": len(train_flat), "held_out_rollouts": len(test), "critic_steps": algo.critic_steps,
                "lr_critic": algo.lr_critic, "source_mean": floor, "cases": []}
+    done: dict[str, dict] = {}
+    if args.resume and args.output.exists():
+        old = json.loads(args.output.read_text())
+        for key in ("run", "split_step", "epochs", "train_rollouts", "held_out_rollouts"):
+            if old.get(key) != results[key]:
+                p.error(f"--resume: {args.output} holds {key} {old.get(key)!r}, this run has {results[key]!r}")
+        done = {c["name"]: c for c in old["cases"]}
+        print(f"--resume: {', '.join(done) or 'no case'} kept from {args.output}", file=sys.stderr)
     for name in args.cases:
-        results["cases"].append(run_case(name, model, algo, train_steps, train_flat, test, args.epochs, args.seed))
+        results["cases"].append(done.get(name) or
+                                run_case(name, model, algo, train_steps, train_flat, test, args.epochs, args.seed))
         if args.output:  # after each case: a long study keeps what it measured
             args.output.write_text(json.dumps(results, indent=1))
     if args.plot:
