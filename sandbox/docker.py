@@ -468,7 +468,6 @@ class DockerSandbox:
         """Create or replace a file (parents made as needed)."""
         path = self._abs(path)
         parent, name = posixpath.split(path)
-        self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=30)
         data = content.encode("utf-8")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -478,7 +477,12 @@ class DockerSandbox:
                 uid, _, gid = self._user.partition(":")
                 info.uid, info.gid = int(uid), int(gid or uid)
             tar.addfile(info, io.BytesIO(data))
-        if not self._container.put_archive(parent, buf.getvalue()):
+        try:  # one API call where the parent is there (the usual case); a command only to make it
+            written = self._container.put_archive(parent, buf.getvalue())
+        except docker.errors.NotFound:
+            self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=30)
+            written = self._container.put_archive(parent, buf.getvalue())
+        if not written:
             raise SandboxError(f"could not write {path} in sandbox {self.id[:12]}")
 
     def copy_in(self, host_dir: str | Path, dest: str | None = None) -> None:
