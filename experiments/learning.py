@@ -5,7 +5,8 @@ samples: vanilla GRPO, GRPO + DIS and the running-mean baseline, at controlled s
     python -m experiments.learning [--steps 30] [--batch-size 16] [--seeds 0 1 2]
         [--staleness 0 2 4] [--algos sao grpo grpo_dis running_mean [running_mean_global grpo_one_update] [stability]]
         [--ablations one_critic_update full_critic no_mask running_mean] [--ablation-staleness 2]
-        [--experiment seek] [--jobs 1] [--quick] [--output FILE.json] [--plot FILE.png] [overrides ...]
+        [--experiment seek] [--jobs 1] [--quick] [--output FILE.json [--resume | --report]] [--plot FILE.png]
+        [overrides ...]
 
 Every case is `python -m training.run +experiment=<experiment>` with the same batch of
 rollouts per step (SAO: that many prompts x 1; GRPO: prompts x 8) and the same steps, so the
@@ -64,9 +65,11 @@ for _std in ("population", "unbiased"):
     ALGOS[f"grpo_dis_{_std}"] = ["algo=grpo_dis", f"algo.group_std={_std}"]
 STABILITY = [name for name in ALGOS if name.startswith(("sao_", "grpo_dis_"))]
 DEFAULT_ALGOS = ["sao", "grpo", "grpo_dis", "running_mean"]  # the paper's comparison
-COLOURS = {name: f"C{i % 10}" if i < 10 else ("#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#e377c2",
-                                              "#393b79", "#637939", "#843c39")[(i - 10) % 8]
-           for i, name in enumerate(ALGOS)}  # one colour per algo in every column
+COLOURS = {name: f"C{i}" for i, name in enumerate(DEFAULT_ALGOS + ["running_mean_global", "grpo_one_update"])}
+# the stability cases: a colour per loss mean (GRPO + DIS its own), solid before, dashed after
+STYLES = {name: {"color": {"kept": "C0", "sampled": "C1", "seqmean": "C2"}[name.split("_")[1]],
+                 "ls": "--" if name.endswith("after") else "-"} for name in STABILITY if name.startswith("sao_")}
+STYLES.update({"grpo_dis_population": {"color": "C3", "ls": "-"}, "grpo_dis_unbiased": {"color": "C3", "ls": "--"}})
 # the paper's Table 4, each one change to SAO
 ABLATIONS = {
     "one_critic_update": ["algo=sao", "algo.critic_steps=1"],
@@ -160,7 +163,7 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
             smooth = [statistics.mean(mean[max(0, i - 4): i + 1]) for i in range(n)]
             samples = [(i + 1) * batch_size for i in range(n)]
             seconds = [statistics.mean(r[i]["time/elapsed_s"] for r in runs) for i in range(n)]
-            style = {"lw": 2, "label": case["name"], "color": COLOURS.get(case["name"])}
+            style = {"lw": 2, "label": case["name"], **STYLES.get(case["name"], {"color": COLOURS.get(case["name"])})}
             axes[0][col].plot(samples, smooth, **style)
             axes[1][col].plot(seconds, smooth, **style)
         axes[0][col].set_title(f"staleness {lag} (engine_lag={lag})")
@@ -170,7 +173,7 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
             ax.set_ylabel("reward (mean of 5 steps, over seeds)")
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=8)
+            ax.legend(loc="lower right", fontsize=7, ncol=2 if len(ax.get_lines()) > 5 else 1)
     # the ablations beside SAO at each staleness they ran at; an ablation that is also an algo
     # case at that staleness ran once, as the algo case
     bars = []
@@ -194,6 +197,28 @@ def plot(results: dict, batch_size: int, path: Path) -> None:
     plt.close(fig)
 
 
+def report(results: dict, plot_path: Path | None) -> int:
+    """Where a benchmark stands: each case's seeds so far, their last-quarter rewards, the
+    lowest step, the most format errors and the least kept share of a batch."""
+    table = Table(title=f"{results['experiment']}: {results['steps']} steps x {results['batch_size']} rollouts")
+    for col in ("case", "staleness", "seeds", "last quarter", "per seed", "lowest step", "format errors, most",
+                "kept, least"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for c in results["cases"]:
+        s = summary(c["runs"], results["batch_size"])
+        per_seed = [summary([rows], results["batch_size"])["final"] for rows in c["runs"]]
+        kept = [r["sao/kept_frac"] for rows in c["runs"] for r in rows if r.get("sao/kept_frac") is not None]
+        table.add_row(c["name"], str(c["lag"]), ",".join(map(str, c["seeds"])),
+                      f"{s['final']:.2f} ± {s['final_sd']:.2f}", ", ".join(f"{v:.2f}" for v in per_seed),
+                      f"{min(r['reward/mean'] for rows in c['runs'] for r in rows):.2f}",
+                      f"{max((r.get('exit/format_errors') or 0.0) for rows in c['runs'] for r in rows):.2f}",
+                      f"{min(kept):.3f}" if kept else "-")
+    Console(width=160).print(table)
+    if plot_path:
+        plot(results, results["batch_size"], plot_path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.learning", description=__doc__.split("\n\n")[0])
     p.add_argument("--experiment", default="seek",
@@ -210,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each a training.run process; they share the machine)")
     p.add_argument("--output", type=Path)
     p.add_argument("--resume", action="store_true", help="keep the runs already in --output and run only the others")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: the table (with each seed's last-quarter reward) and the plot of what --output holds")
     p.add_argument("--plot", type=Path)
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every case")
     args = p.parse_args(argv)
@@ -226,8 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batch-size must be a multiple of 8 (GRPO's groups of 8)")
     if any(k < 0 for k in args.staleness):
         p.error("--staleness values must be 0 or more")
-    if args.resume and not args.output:
-        p.error("--resume needs --output (the file whose runs it keeps)")
+    if (args.resume or args.report) and not args.output:
+        p.error("--resume and --report need --output (the file whose runs they read)")
+    if args.report:
+        return report(json.loads(args.output.read_text()), args.plot)
     plan = [("algo", a, ALGOS[a], lag) for lag in args.staleness for a in args.algos]
     plan += [("ablation", a, ABLATIONS[a], args.ablation_staleness) for a in args.ablations
              if not (a in args.algos and args.ablation_staleness in args.staleness)]  # a case run once

@@ -69,7 +69,9 @@ def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
         raise SystemExit(f"{algo} run failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
     rows = read_jsonl(out / "metrics.jsonl")
     curve = [{"step": row["step"], "samples": row["step"] * args.batch_size, "reward": row["reward/mean"],
-              "elapsed_s": row["time/elapsed_s"]} for row in rows]
+              "elapsed_s": row["time/elapsed_s"],
+              **{k: row[k] for k in row if k.startswith(("time/step/", "time/share/", "time/rollout/", "time/learner/"))}}
+             for row in rows]
     return {"curve": curve, "process_s": process_s}
 
 
@@ -125,9 +127,11 @@ def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
             return float(env.grade(task, sandbox).resolved)
 
     def prefer_reward(prompts, completions, completion_ids, instance_id, **_) -> list[float]:
+        t0 = time.monotonic()
         with ThreadPoolExecutor(cfg.trainer.num_workers) as workers:
             rewards = list(workers.map(one_reward, completion_ids, instance_id))
         log.pending.extend(rewards)
+        log.reward_s += time.monotonic() - t0  # containers, tools and grading: the step's reward phase
         return rewards
 
     lr = cfg.model.algo_overrides.lr_policy  # the tiny model's, as make_algo gives SAO and GRPO
@@ -165,6 +169,7 @@ class RewardLog(TrainerCallback):
 
     def __init__(self, batch_size: int):
         self.batch_size, self.pending, self.rows, self.t0 = batch_size, [], [], 0.0
+        self.reward_s = 0.0  # seconds in the reward function since the last row
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.monotonic()
@@ -174,7 +179,8 @@ class RewardLog(TrainerCallback):
             return
         step = state.global_step // args.steps_per_generation
         self.rows.append({"step": step, "samples": step * self.batch_size, "reward": mean(self.pending),
-                          "elapsed_s": time.monotonic() - self.t0})
+                          "elapsed_s": time.monotonic() - self.t0, "reward_s": self.reward_s})
+        self.reward_s = 0.0
         console.print(f"trl step {step}  reward {mean(self.pending):.3f}  {self.rows[-1]['elapsed_s']:.1f}s")
         self.pending = []
 
