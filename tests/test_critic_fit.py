@@ -47,13 +47,13 @@ def test_critic_fit_scores_cases_on_held_out_rollouts(run_dir, tmp_path):
     from experiments.critic_fit import main
 
     out = tmp_path / "fit.json"
-    assert main([str(run_dir), "--split-step", "6", "--epochs", "3", "--cases", "as_run", "mlp_head",
+    assert main([str(run_dir), "--split-step", "6", "--epochs", "2", "--cases", "as_run", "mlp_head",
                  "--output", str(out), "--plot", str(tmp_path / "fit.png")]) == 0
     r = json.loads(out.read_text())
     assert (r["train_rollouts"], r["held_out_rollouts"], r["split_step"]) == (96, 32, 6)
     assert abs(r["source_mean"]["ev"]) < 0.1  # one source, half won: knowing the source explains nothing
     as_run, mlp = r["cases"]
-    assert [len(c["epochs"]) for c in r["cases"]] == [3, 3] and mlp["name"] == "mlp_head"
+    assert [len(c["epochs"]) for c in r["cases"]] == [2, 2] and mlp["name"] == "mlp_head"
     # the token that decides the reward is in view from the 4th sampled token on: the critic
     # learns it (at the last token nearly all of it), far above the source-mean floor
     assert as_run["epochs"][-1]["held_out"]["ev_last"] > 0.5, as_run["epochs"][-1]

@@ -243,7 +243,8 @@ class MegatronLearner:
         metrics: dict[str, float] = {}
         advantages = returns = None
         if self.last_stage:
-            advantages, returns = self.algo.advantages(batch, values)
+            with self._phase("advantages"):
+                advantages, returns = self.algo.advantages(batch, values)
         if self.critic is not None:
             lr = self.algo.critic_lr_at(self.step_count)
             for group in self.critic.optimizer.param_groups:
@@ -257,7 +258,8 @@ class MegatronLearner:
             if self.algo.values_after_critic:  # advantages from the values the K updates left
                 after = self._critic_values(batch, packs)
                 if self.last_stage:
-                    advantages, _ = self.algo.advantages(batch, after)
+                    with self._phase("advantages"):
+                        advantages, _ = self.algo.advantages(batch, after)
                     metrics["value/explained_var_after"] = losses.value_loss(
                         after, returns, batch.loss_mask)[1]["value/explained_var"]
         if self.last_stage:  # the explained variance: the values before this batch's critic updates
