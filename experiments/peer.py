@@ -43,9 +43,11 @@ MINIBATCHES = 4  # the project's GRPO: optimizer steps per batch against one pi_
 UNMATCHED = [
     "sampling engine: the project samples with its engine (`--engine`, vLLM's CPU build under auto); "
     "TRL with transformers' model.generate (its vLLM path needs CUDA)",
-    "sandbox: each project rollout runs in a Docker container from the start (the answer tool writes "
-    "a file there, the env grades it in place); TRL's reward function makes the container only after "
-    "generation, for the tools and the grading (trainer.num_workers at a time)",
+    "sandbox: each project rollout starts its Docker container as it begins, beside its first turn's "
+    "generation, and waits for it at its first tool call (the answer tool writes a file there, the env "
+    "grades it in place); the container is removed after the rollout has returned. TRL's reward function "
+    "makes the container only after generation, for the tools and the grading, and removes it before "
+    "taking the next (trainer.num_workers at a time)",
     "streaming: the project trains as rollouts arrive (trainer.mode=async, 2 workers, staleness up to 4); "
     "TRL generates a whole batch, then trains on it (on-policy)",
     "SAO has no TRL counterpart (group size 1, a critic with 5 critic-only warm-up steps); "
