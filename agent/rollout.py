@@ -37,7 +37,12 @@ class _SandboxInThread:
     `release()` removes it in the background: the rollout does not wait for the removal, and
     the pool's slot stays held until the container is gone (the pool's close sweeps any left)."""
 
-    def __init__(self, pool: SandboxPool, image: str, ready=None, name: str = "sandbox"):
+    def __init__(self, pool: SandboxPool, image: str, ready=None, name: str = "sandbox",
+                 after: "_SandboxInThread | None" = None):
+        """`after`: ask the pool only once that one has its sandbox (a rollout's grading sandbox
+        after the rollout's own: with fewer pool slots than two a rollout, the other order could
+        leave every slot to grading sandboxes whose rollouts wait for one)."""
+        self._after = after
         self._stack = contextlib.ExitStack()
         self._sandbox = None
         self._error: BaseException | None = None
@@ -46,6 +51,8 @@ class _SandboxInThread:
         self._thread.start()
 
     def _prepare(self, pool: SandboxPool, image: str, ready) -> None:
+        if self._after is not None:
+            self._after._thread.join()
         t0 = time.monotonic()
         try:
             sandbox = self._stack.enter_context(pool.sandbox(image))
@@ -124,9 +131,9 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
         if env.grades_patch and prepare_grading:  # made ready beside the rollout's own
             kw = versioned(env, agent.engine)  # (the engine's version as the rollout starts)
             grading = _SandboxInThread(pool, image, lambda clean: env.reset(task, clean, **kw),
-                                       name=f"grading-sandbox-{task.instance_id}")
+                                       name=f"grading-sandbox-{task.instance_id}", after=held)
+        own = held
         traj = agent.run(task, env, sb, seed=seed)
-        traj.timings.update(sandbox=held.start_s, sandbox_blocked=sb.blocked_s)
         if traj.exit_reason == "sandbox_error":
             return traj
         if traj.exit_reason == "sandbox_killed":  # nothing left to grade: the policy stopped its sandbox
@@ -146,6 +153,8 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
                     env.reset(task, clean, **versioned(env, agent.engine))
                     result = env.grade(task, clean, patch, **versioned(env, agent.engine))
         traj.timings["grade"] = time.monotonic() - t0
+        # (the sandbox's start is over by now: grading or the patch needed it)
+        traj.timings.update(sandbox=own.start_s, sandbox_blocked=sb.blocked_s)
     finally:
         if held is not None:
             held.release()

@@ -554,9 +554,25 @@ def sweep(run_id: str | None = None, everything: bool = False, docker_client=Non
         try:
             c.api.remove_container(ct.id, force=True)
             removed.append(ct.id)
-        except docker.errors.APIError:  # NotFound included: it is gone either way
+        except docker.errors.NotFound:  # gone either way
             pass
+        except docker.errors.APIError as e:
+            if e.status_code == 409:  # its removal is already under way (a rollout's own, in the background)
+                _wait_until_gone(c, ct.id)
     return removed
+
+
+def _wait_until_gone(c, container_id: str, timeout: float = 60.0) -> None:
+    """Return once the engine no longer knows the container (or after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            c.api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            pass
+        time.sleep(0.1)
 
 
 def _pid_alive(pid: int) -> bool:

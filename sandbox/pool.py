@@ -57,6 +57,7 @@ class SandboxPool:
         self._state = threading.Condition()  # guards _closed, _creating and the warm pool below
         self._closed = False
         self._creating = 0  # containers being started now, warm ones included
+        self._releasing = 0  # containers being removed now (a rollout's own, in the background)
         self._ready: dict[str, deque[DockerSandbox]] = {}  # image -> its warm containers, oldest first
         self._filling: dict[str, int] = {}  # image -> its warm containers being started
         self._wanted: OrderedDict[str, None] = OrderedDict()  # the images kept warm, most recent last
@@ -101,7 +102,14 @@ class SandboxPool:
             try:
                 yield sb
             finally:
-                sb.close()
+                with self._state:
+                    self._releasing += 1
+                try:
+                    sb.close()
+                finally:
+                    with self._state:
+                        self._releasing -= 1
+                        self._state.notify_all()
 
     @property
     def disk_bound(self) -> str | None:
@@ -317,7 +325,8 @@ class SandboxPool:
             self._state.notify_all()  # the refill threads stop
             warm = [sb for ready in self._ready.values() for sb in ready] + self._discard
             self._ready, self._discard = {}, []
-            self._state.wait_for(lambda: self._creating == 0, timeout=120)
+            # and one being removed (a rollout removes its own in the background) is waited for too
+            self._state.wait_for(lambda: self._creating == 0 and self._releasing == 0, timeout=120)
         for sb in warm:
             self._remove_quietly(sb)
         sweep(run_id=self.run_id, docker_client=self._client)

@@ -171,6 +171,38 @@ def test_a_rollout_as_a_non_root_user_solves_and_is_graded(calc_task, tokenizer)
     assert traj.reward == 1.0, traj.info
 
 
+def test_one_pool_slot_is_enough_for_a_rollout_and_its_grading_sandbox(calc_task, tokenizer, monkeypatch):
+    """The grading sandbox is made ready beside the rollout, but asks the pool for a slot only
+    once the rollout's own sandbox has one: with one slot, the other order would let grading take
+    it while the rollout waits for it, for ever. Here the rollout's own sandbox is held back a
+    second before it asks, the order that would hang."""
+    import threading
+    import time
+
+    from agent import rollout
+    from conftest import RUN_ID
+    from sandbox.pool import SandboxPool
+
+    real_prepare = rollout._SandboxInThread._prepare
+
+    def prepare(self, pool, image, ready):
+        if not threading.current_thread().name.startswith("grading"):
+            time.sleep(1.0)
+        real_prepare(self, pool, image, ready)
+
+    monkeypatch.setattr(rollout._SandboxInThread, "_prepare", prepare)
+    pool = SandboxPool(RUN_ID, max_live=1)
+    done = []
+    worker = threading.Thread(target=lambda: done.append(rollout.rollout_and_grade(
+        Agent(ScriptedEngine(tokenizer, SOLVE), tokenizer), calc_task, SWEEnv(), pool)), daemon=True)
+    try:
+        worker.start()
+        worker.join(300)
+        assert done and done[0].reward == 1.0, "the rollout did not finish with one pool slot"
+    finally:
+        pool.close()
+
+
 def test_long_tail_latency_is_a_seeded_sleep_in_the_sandbox(make_sandbox, calc_task, tokenizer):
     """agent.latency_alpha: after the first turn the rollout spends a Pareto draw of seconds in
     its sandbox; the same seed draws the same latency, within [scale, max]."""
