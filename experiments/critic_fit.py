@@ -42,6 +42,7 @@ from omegaconf import OmegaConf
 from agent.trajectory import Trajectory
 from benchmarks.common import read_jsonl
 from training import losses
+from training.losses import explained_variance
 from training.batch import pack
 
 CASES = {
@@ -69,13 +70,6 @@ def trajectory(row: dict) -> Trajectory:
     return Trajectory(row["instance_id"], prompt_ids=row["prompt_ids"], completion_ids=row["completion_ids"],
                       loss_mask=row["loss_mask"], logprobs=row["logprobs"], policy_version=row["policy_version"],
                       reward=float(row["reward"]))
-
-
-def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - Var(target - pred) / Var(target), population variances (the learner's); 0 for constant targets."""
-    pred, target = pred.double(), target.double()
-    var = target.var(unbiased=False) if target.numel() else torch.tensor(0.0)
-    return 0.0 if var <= 1e-12 else float(1 - (target - pred).var(unbiased=False) / var)
 
 
 def make_learner(model: str, algo, case: dict, seed: int):

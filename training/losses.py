@@ -163,6 +163,14 @@ def ppo_clip_loss(
     return loss, metrics
 
 
+def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var(target - pred) / Var(target), population variances, in float64; 0.0 for constant
+    targets (up to rounding: returns = A + V carries ~1e-9 noise) or none, where it is undefined."""
+    y_pred, y_true = pred.detach().double(), target.detach().double()
+    var_y = y_true.var(unbiased=False) if y_true.numel() else torch.tensor(0.0)
+    return 0.0 if var_y <= 1e-12 else (1 - (y_true - y_pred).var(unbiased=False) / var_y).item()
+
+
 def value_loss(
     values: torch.Tensor,  # [B, T] critic's per-token values, requires grad
     returns: torch.Tensor,  # [B, T] targets (detached)
@@ -179,13 +187,9 @@ def value_loss(
     sq_err = (values - returns.detach()) ** 2
     loss = torch.where(sampled, sq_err, torch.zeros_like(sq_err)).sum() / _denominator(loss_mask, normalizer)
     with torch.no_grad():
-        y_pred, y_true = values[sampled].double(), returns[sampled].double()
-        var_y = y_true.var(unbiased=False) if y_true.numel() else torch.tensor(0.0)
-        # constant targets (up to rounding: returns = A + V carries ~1e-9 noise) leave it undefined
-        explained = 0.0 if var_y <= 1e-12 else (1 - (y_true - y_pred).var(unbiased=False) / var_y).item()
         metrics = {
             "value/loss": loss.item(),
-            "value/explained_var": explained,
+            "value/explained_var": explained_variance(values[sampled], returns[sampled]),
             "value/mean": _masked_mean(values, sampled).item(),
         }
     return loss, metrics

@@ -163,20 +163,30 @@ class TorchLearner:
         return values
 
     def _critic_update(self, batch, parts, returns, n_sampled) -> dict[str, float]:
-        self.critic_opt.zero_grad(set_to_none=True)
+        def loss_of(rows, mb):
+            target = _rows(returns, rows, mb.input_ids.shape[1])
+            return losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
+
+        return self._update("critic", self.critic, self.critic_opt, batch, parts, loss_of, n_sampled)
+
+    def _update(self, name: str, model, opt, batch, parts, loss_of, n_sampled) -> dict[str, float]:
+        """One optimizer step of `model` (the policy or the critic) over this rank's micro-batches:
+        each one's `loss_of(rows, mb)` backpropagated, gradients summed over ranks, clipped;
+        metrics weighted by each micro-batch's share of the sampled tokens."""
+        opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = defaultdict(float)
-        with self._phase("critic_backward"):  # forward and backward, gradients summed over ranks
+        with self._phase(f"{name}_backward"):  # forward and backward, gradients summed over ranks
             for rows in parts:
                 mb = batch.select(rows)
-                target = _rows(returns, rows, mb.input_ids.shape[1])
-                loss, m = losses.value_loss(self._values(mb), target, mb.loss_mask, normalizer=n_sampled)
+                loss, m = loss_of(rows, mb)
                 loss.backward()
                 accumulate(acc, m, mb.num_sampled / n_sampled)
-            collectives.sum_gradients(self.critic)
+            collectives.sum_gradients(model)
             acc = collectives.sum_metrics(acc)
-        with self._phase("critic_optimizer"):
-            acc["value/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip))
-            self.critic_opt.step()
+        with self._phase(f"{name}_optimizer"):
+            key = "value/grad_norm" if name == "critic" else "policy/grad_norm"
+            acc[key] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip))
+            opt.step()
         return dict(acc)
 
     def _micro_batches(self, batch: Batch, rows: list[int]) -> list[list[int]]:
@@ -204,22 +214,12 @@ class TorchLearner:
         return dict(acc)
 
     def _policy_step(self, batch, parts, advantages, old_logp, n_loss, n_sampled) -> dict[str, float]:
-        self.policy_opt.zero_grad(set_to_none=True)
-        acc: dict[str, float] = defaultdict(float)
-        with self._phase("policy_backward"):  # forward and backward, gradients summed over ranks
-            for rows in parts:
-                mb = batch.select(rows)
-                n = mb.input_ids.shape[1]
-                loss, m = self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n),
-                                                _rows(old_logp, rows, n), n_loss)
-                loss.backward()
-                accumulate(acc, m, mb.num_sampled / n_sampled)
-            collectives.sum_gradients(self.policy)
-            acc = collectives.sum_metrics(acc)
-        with self._phase("policy_optimizer"):
-            acc["policy/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip))
-            self.policy_opt.step()
-        return dict(acc)
+        def loss_of(rows, mb):
+            n = mb.input_ids.shape[1]
+            return self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n), _rows(old_logp, rows, n),
+                                         n_loss)
+
+        return self._update("policy", self.policy, self.policy_opt, batch, parts, loss_of, n_sampled)
 
     # -- weights out, checkpoints -----------------------------------------------------------------
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
