@@ -143,7 +143,8 @@ def rollout_and_grade(agent: Agent, task: Task, env: Env, pool: SandboxPool, see
         if not env.grades_patch:  # (a versioned env grades by the engine's version now, envs/online.py)
             result = env.grade(task, sb, **versioned(env, agent.engine))
         else:
-            patch = env.patch_of(task, sb)
+            # what the agent submitted, where its scaffold submits a patch (agent.mini_swe), else the workspace's diff
+            patch = traj.info["submission"] if "submission" in traj.info else env.patch_of(task, sb)
             held.release()  # the rollout's sandbox goes (its pool slot free once it is gone) before this waits
             held = None
             if grading is not None:

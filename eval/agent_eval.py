@@ -134,7 +134,10 @@ def swe_rollout(agent: Agent, task: Task, env: Env, pool: SandboxPool, inst: Pat
 
     with pool.sandbox(env.image_for(task)) as sb:
         traj = agent.run(task, env, sb, seed=seed)
-        patch = sb.diff(start_of(task)) if traj.exit_reason not in ("sandbox_error", "sandbox_killed") else ""
+        if traj.exit_reason in ("sandbox_error", "sandbox_killed"):
+            patch = ""
+        else:  # what the agent submitted, where its scaffold submits a patch (agent.mini_swe), else the workspace's diff
+            patch = traj.info["submission"] if "submission" in traj.info else sb.diff(start_of(task))
     record.exit_reason, record.turns = traj.exit_reason, traj.turns
     record.tokens, record.sampled_tokens, record.model_patch = traj.num_tokens, traj.num_sampled, patch
     traj.info.update(model=model_name, run=record.run, model_patch=patch)

@@ -87,14 +87,13 @@ def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from agent.chat import ChatRenderer
-    from agent.loop import AgentConfig
     from agent.tools import ToolBox
     from sandbox.pool import SandboxPool
-    from training.factories import make_source_env
+    from training.factories import agent_settings, make_source_env
 
     spec = cfg.sources[0]
     env, tasks = make_source_env(spec), {t.instance_id: t for t in instantiate(spec.tasks)}
-    agent = AgentConfig(**{**OmegaConf.to_container(cfg.agent), **OmegaConf.to_container(spec.agent)})
+    agent = agent_settings(cfg, spec.agent)[2]
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 

@@ -27,7 +27,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   # torch first, pinned, so no dependency can pull a CUDA build on a CPU machine
   .venv/bin/pip install -q 'torch==2.13.0'
-  extras="test,megatron,ray,peer"  # megatron-core + mbridge, Ray: the Megatron learner's and runtime=ray's tests run on CPU; TRL: experiments/peer.py
+  extras="test,megatron,ray,peer,scaffolds"  # megatron-core + mbridge, Ray: the Megatron learner's and runtime=ray's tests run on CPU; TRL: experiments/peer.py; mini-swe-agent: agent=mini_swe
   # vLLM (CPU wheel here) is optional: SAO_VLLM=0 skips it. It pulls torchvision, torchaudio and
   # torchcodec, whose PyPI builds break imports beside this torch; nothing here needs them.
   if [ "${SAO_VLLM:-1}" = 1 ] && [ "$(uname -m)" = x86_64 ]; then extras="$extras,vllm"; fi

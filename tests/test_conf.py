@@ -13,7 +13,7 @@ from training.config import ConfigError, check
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
-IN_DEFAULTS = {"model", "engine", "learner", "algo", "sandbox"}
+IN_DEFAULTS = {"model", "engine", "learner", "algo", "sandbox", "agent"}
 
 
 def composed(*overrides):
@@ -33,9 +33,22 @@ def test_every_group_option_composes_and_instantiates(group, name):
         return
     assert group in IN_DEFAULTS, f"conf/{group}/ is a group the tests do not know"
     cfg = composed(f"{group}={name}")
+    if group == "agent":  # a class, its own options, the shared settings (built with an engine, in a run)
+        from agent.agents import agent_class
+        from training.factories import agent_settings
+
+        target, options, config = agent_settings(cfg)
+        assert callable(agent_class(target)) and config.max_turns >= 1 and isinstance(options, dict)
+        return
     if "_target_" in cfg[group]:
         instantiate(cfg[group])
     OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_an_agent_that_acts_through_bash_alone_is_refused_envs_answered_with_tools():
+    check(composed("agent=mini_swe", "+experiment=swe_builtin"))
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.env = 'prefer'.*bash alone.*answer"):
+        check(composed("agent=mini_swe"))
 
 
 def test_default_run_is_the_embedded_one():

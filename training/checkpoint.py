@@ -107,7 +107,8 @@ class MetricsLog:
         with self.rollouts_path.open("a") as f:
             for t in batch:
                 row = {"step": step, "key": t.info.get("rollout_key"), "source": t.info.get("source"),
-                       "instance_id": t.instance_id, "reward": t.reward, "exit": t.exit_reason}
+                       "instance_id": t.instance_id, "reward": t.reward, "exit": t.exit_reason,
+                       "agent": t.info.get("agent", "default")}
                 if self.log_tokens:  # what the learner trained on, token for token
                     row.update(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, loss_mask=t.loss_mask,
                                logprobs=t.logprobs, policy_version=t.policy_version)

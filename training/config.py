@@ -49,12 +49,39 @@ def _check_agent(fields, prefix: str) -> None:
     fields = fields or OmegaConf.create({})
     known = {f.name for f in dataclasses.fields(AgentConfig)}
     for name in fields:
-        if name not in known:
+        if name not in known and name not in ("_target_", "options"):
             _fail(f"{prefix}.{name}", fields[name], f"not an agent setting (known: {', '.join(sorted(known))})")
+    if "_target_" in fields:
+        from agent.agents import agent_class
+
+        try:
+            agent_class(fields._target_)
+        except ValueError as e:
+            _fail(f"{prefix}._target_", fields._target_, str(e))
     _at_least(fields, prefix, ("max_turns", "max_tokens", "max_new_tokens"), 1)
     _at_least(fields, prefix, ("command_timeout_s", "wall_time_s", "temperature", "top_p", "latency_scale_s",
                                "latency_max_s"), 0)
     _at_least(fields, prefix, ("latency_alpha",), 0.01)  # (null: off)
+
+
+def _check_agent_fits_envs(cfg: DictConfig) -> None:
+    """An agent that acts through bash alone (`bash_only`: mini-swe-agent) cannot answer an env
+    that is answered with tools of its own (prefer, arith: `answer`)."""
+    from hydra.utils import get_class
+
+    from agent.agents import agent_class
+
+    target = cfg.agent.get("_target_")
+    if not target or not getattr(agent_class(target), "bash_only", False):
+        return
+    specs = [(f"sources[{i}].env", s) for i, s in enumerate(cfg.sources)]
+    specs += [("held_out.env", cfg.held_out)] if cfg.get("held_out") else []
+    for where, spec in specs:
+        tools = getattr(get_class(OmegaConf.load(CONF / "env" / f"{spec.env}.yaml")._target_), "tools", None)
+        if tools:
+            _fail(where, spec.env, f"the agent ({target}) acts through bash alone, and this env is answered with "
+                  f"its own tools ({', '.join(tools)}): train it with agent=default, or choose sources it can act "
+                  "on (SWE: +experiment=swe_builtin)")
 
 
 def _check_env_options(env: str, options, prefix: str) -> None:
@@ -173,3 +200,4 @@ def check(cfg: DictConfig) -> None:
                       "scores every rollout at that one")
     if cfg.get("held_out"):
         _check_source(cfg.held_out, "held_out")
+    _check_agent_fits_envs(cfg)

@@ -21,6 +21,7 @@ from agent.engines.base import check_context
 from agent.engines.router import EngineRouter
 from agent.engines.shared import shareable
 from agent.engines.vllm import vllm_available
+from agent.agents import agent_class
 from agent.loop import Agent, AgentConfig
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 from envs.base import make_env
@@ -84,9 +85,18 @@ def make_learner(cfg: DictConfig, model_path: str) -> Learner:
                                     sampling_temperature=cfg.agent.temperature, seed=cfg.seed)
 
 
-def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:
+def agent_settings(cfg: DictConfig, override=None) -> tuple[str, dict, AgentConfig]:
+    """The run's agent (conf/agent/<name>.yaml): its class, its own options, and the shared
+    settings (agent.loop.AgentConfig) with a source's `agent:` over them."""
     fields = {**OmegaConf.to_container(cfg.agent), **(OmegaConf.to_container(override) if override else {})}
-    return Agent(engine, tokenizer, AgentConfig(**fields))
+    target = fields.pop("_target_", "agent.loop.Agent")
+    options = fields.pop("options", None) or {}
+    return target, options, AgentConfig(**fields)
+
+
+def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:
+    target, options, config = agent_settings(cfg, override)
+    return agent_class(target)(engine, tokenizer, config, **options)
 
 
 def make_source_env(spec: DictConfig):

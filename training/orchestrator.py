@@ -332,6 +332,10 @@ class Orchestrator:
             "rollout/test_edits_frac": sum(bool(t.info.get("grade", {}).get("test_edits")) for t in batch) / len(batch),
             # graded logs whose canary tests did not read pass and fail (envs/canary.py): reward 0
             "reward/tampered": sum(bool(t.info.get("grade", {}).get("tampered")) for t in batch) / len(batch),
+            # a scaffold behind the rollout endpoint (agent.recorder): turns whose rendering departed from the
+            # sampled ids (trained as observation), and turns re-rendered differently but kept as sampled
+            "rollout/retokenized_turns": float(sum(t.info.get("retokenized_turns", 0) for t in batch)),
+            "rollout/repaired_turns": float(sum(t.info.get("repaired_turns", 0) for t in batch)),
             "engine/version": float(self.engine.version),
             "engine/batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0),  # requests decoded together
         })
