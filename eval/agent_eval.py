@@ -238,9 +238,12 @@ def write_predictions(path: Path, records: list[RolloutRecord], model_name: str)
 
 # -- a checkpoint evaluation's agent (`--ckpt`), shared by eval.swebench and eval.math ------------
 def add_agent_arguments(p: argparse.ArgumentParser, runs_help: str, max_turns_help: str,
-                        runs_default: int | None = 1) -> None:
-    """The options of the agent a `--ckpt` evaluation runs (engine, sampling, limits, resume)."""
+                        runs_default: int | None = 1, agents: tuple[str, ...] = ("default",)) -> None:
+    """The options of the agent a `--ckpt` evaluation runs (which agent, engine, sampling,
+    limits, resume); `agents`: those this evaluation's env can take (agent.agents.AGENTS)."""
     agent = p.add_argument_group("the agent (with --ckpt)")
+    agent.add_argument("--agent", choices=agents, default="default",
+                       help="default: the project's loop; mini_swe: mini-swe-agent as it ships, through the rollout endpoint")
     agent.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vllm where installed")
     agent.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                        help="the model's weights and activations; auto: bfloat16 where CUDA is available, else float32")
@@ -337,7 +340,7 @@ def agent_settings(args: argparse.Namespace, model: str, kind: str, max_tokens: 
     return {"model": model, "dataset": args.dataset, "split": args.split, "engine": kind, **engine,
             "max_turns": args.max_turns, "max_tokens": max_tokens, "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
-            "rollout_timeout": args.rollout_timeout}
+            "rollout_timeout": args.rollout_timeout, "agent": args.agent}
 
 
 def start_agent(args: argparse.Namespace, out: Path, settings: Callable[[str, str, int, dict], dict], console,
@@ -346,9 +349,10 @@ def start_agent(args: argparse.Namespace, out: Path, settings: Callable[[str, st
     max_tokens, engine options)` recorded, or compared on `--resume`), the engine and the agent:
     (agent, engine, model). `what` says what is evaluated, for the line printed; close the
     engine when done."""
+    from agent.agents import make_agent
     from agent.engines import make_engine
     from agent.engines.shared import shareable
-    from agent.loop import Agent, AgentConfig
+    from agent.loop import AgentConfig
 
     model = resolve_checkpoint(args.ckpt)
     try:
@@ -368,8 +372,8 @@ def start_agent(args: argparse.Namespace, out: Path, settings: Callable[[str, st
         engine = shareable(make_engine(kind, model, **options))
     except Exception as e:  # a broken directory, no vLLM, a context longer than the model's
         raise UsageError(f"--ckpt {args.ckpt}: cannot load {model} on engine {kind} ({type(e).__name__}: {e})") from e
-    console.print(f"agent: {model} on {kind} ({', '.join(f'{k} {v}' for k, v in options.items())}), {what}, "
+    console.print(f"agent {args.agent}: {model} on {kind} ({', '.join(f'{k} {v}' for k, v in options.items())}), {what}, "
                   f"up to {args.max_turns} turns and {max_tokens} tokens -> {out}")
     config = AgentConfig(max_turns=args.max_turns, max_tokens=max_tokens, max_new_tokens=args.max_new_tokens,
                          wall_time_s=args.rollout_timeout, temperature=args.temperature, top_p=args.top_p)
-    return Agent(engine, tokenizer, config), engine, model
+    return make_agent(args.agent, engine, tokenizer, config), engine, model

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warm-pool", type=int, default=0,
                    help="started containers kept ready per image (for --runs > 1 and grading's sandbox); 0: none")
     add_agent_arguments(p, runs_help="runs per instance; pass@1 is averaged over them",
-                        max_turns_help="the paper's coding runs use up to 300")
+                        max_turns_help="the paper's coding runs use up to 300", agents=("default", "mini_swe"))
     args = p.parse_args(argv)
     check_agent_arguments(p, args)
     if args.warm_pool < 0:

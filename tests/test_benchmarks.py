@@ -69,6 +69,18 @@ def test_gpu_engine_check_says_it_needs_a_gpu():
 
 
 @pytest.mark.docker
+def test_scaffolds_benchmark_runs_both_agents_and_times_the_endpoint(tmp_path, docker_client):
+    out = tmp_path / "scaffolds.json"
+    r = run("benchmarks.scaffolds", "--quick", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for name in ("default", "mini_swe"):  # each agent rolled out and graded every task
+        a = result["agents"][name]
+        assert a["rollouts"] == 2 and sum(a["exits"].values()) == 2 and a["rollouts_per_hour"] > 0
+    assert result["endpoint"]["requests"] == 5 and result["endpoint"]["direct_ms_mean"] > 0
+    assert result["endpoint"]["endpoint_ms_mean"] > 0 and "rollouts per hour" in r.stderr
+
+
 def test_grading_cost_benchmark_grades_all_three_ways(tmp_path, docker_client):
     out = tmp_path / "grading_cost.json"
     r = run("benchmarks.grading_cost", "--quick", "--output", str(out))

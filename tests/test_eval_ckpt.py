@@ -194,6 +194,27 @@ def test_resume_runs_only_what_is_missing(tmp_path, docker_client, tokenizer, ta
 
 
 @pytest.mark.docker
+def test_mini_swe_agent_evaluates_through_the_cli(tmp_path, docker_client, tiny):
+    """`--agent mini_swe`: mini-swe-agent runs each instance through the rollout endpoint; what
+    it submitted (nothing, from the tiny model, which has not learnt its tool) is the prediction."""
+    from agent.trajectory import Trajectory
+
+    out = tmp_path / "mini"
+    cmd = [sys.executable, "-m", "eval.swebench", "--ckpt", tiny, "--dataset", "builtin", "--agent", "mini_swe",
+           "--instance-ids", IDS[0], "--engine", "hf", "--max-turns", "2", "--max-new-tokens", "16",
+           "--max-tokens", "4096", "--run-id", RUN_ID, "--output", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "agent mini_swe:" in r.stderr and "pass@1 over 1 run(s)" in r.stderr
+    traj = Trajectory.load(out / "run_0" / IDS[0] / f"{IDS[0]}.traj.json")
+    assert traj.info["agent"] == "mini_swe" and 1 <= traj.turns <= 2 and traj.num_sampled > 0
+    assert "<pr_description>" in __import__("transformers").AutoTokenizer.from_pretrained(tiny).decode(traj.prompt_ids)
+    assert traj.exit_reason in {"submitted", "max_turns", "format_errors", "context_full"}
+    report = json.loads((out / "report.json").read_text())
+    assert report["total_instances"] == 1 and json.loads((out / "eval_settings.json").read_text())["agent"] == "mini_swe"
+
+
+@pytest.mark.docker
 def test_tiny_model_end_to_end_through_the_cli(tmp_path, docker_client, tiny):
     from agent.trajectory import Trajectory
 

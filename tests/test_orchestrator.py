@@ -244,3 +244,48 @@ def test_a_groups_rollouts_run_side_by_side_within_the_worker_count(monkeypatch,
     for batch in learner.batches:  # whole groups, in order: each group's 4 rollouts of one task
         ids = [t.instance_id for t in batch]
         assert ids[:4] == [ids[0]] * 4 and ids[4:] == [ids[4]] * 4
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_more_workers_than_the_default_thread_pool_all_run_and_the_learner_is_not_queued_behind_them(monkeypatch, mode):
+    """asyncio.to_thread's pool has min(32, CPUs + 4) threads: with more workers than that, the
+    rollouts beyond it waited for a thread, and a learner step queued behind rollouts that held
+    them all. Here every worker's first rollout waits at a barrier of all the workers (it gets
+    through only if they all run at once); every later one waits until the learner has stepped
+    (async: while they hold every rollout thread, the learner must still get its own)."""
+    import os
+    import threading
+
+    workers = min(32, (os.cpu_count() or 1) + 4) + 2
+    everyone, stepped, started = threading.Barrier(workers, timeout=60), threading.Event(), [0]
+    lock = threading.Lock()
+
+    def run(agent, task, env, pool, seed):
+        with lock:
+            started[0] += 1
+            first = started[0] <= workers
+        if first:
+            everyone.wait()
+        else:
+            stepped.wait(timeout=60)
+        t = Trajectory(task.instance_id, prompt_ids=[1, 2], reward=1.0, exit_reason="submitted",
+                       info={"first": first, "together": not everyone.broken})
+        t.append_sampled([3], [-0.5], 0)
+        return t
+
+    class SteppingLearner(Learner):
+        def step(self, batch, group_ids):
+            out = super().step(batch, group_ids)
+            stepped.set()
+            return out
+
+    tasks = [Task(instance_id=f"t{i}", repo="r", base_commit="-", problem_statement="p") for i in range(4 * workers)]
+    monkeypatch.setattr(orchestrator, "rollout_and_grade", run)
+    cfg = RunConfig(mode=mode, batch_size=workers if mode == "sync" else 2, num_workers=workers, max_steps=2,
+                    max_staleness=8)
+    learner = SteppingLearner()
+    orch = Orchestrator(cfg, TaskSampler([Source("s", env=None, tasks=tasks, agent=None)], seed=0), pool=None,
+                        engine=Engine(), learner=learner, on_step=lambda *a: None)
+    asyncio.run(asyncio.wait_for(orch.run(), timeout=120))
+    assert len(learner.batches) == 2 and not everyone.broken
+    assert all(t.info["together"] for t in learner.batches[0])

@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
+import functools
 import logging
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -156,6 +159,26 @@ class Orchestrator:
         return self.step < self.cfg.max_steps and self.stop_reason is None
 
     async def run(self) -> None:
+        # Threads of their own: asyncio.to_thread's default pool has min(32, CPUs + 4) threads (6
+        # on 2 cores), so more workers than that ran 6 rollouts at a time, and a learner step or a
+        # weight sync queued behind rollouts holding every thread. The rollouts' pool has a
+        # thread per worker (made as they are needed); the learner, the sync and the engine's
+        # sleep and wake-up one thread, in order.
+        self._rollout_threads = ThreadPoolExecutor(self.cfg.num_workers, thread_name_prefix="rollout")
+        self._learner_thread = ThreadPoolExecutor(1, thread_name_prefix="learner")
+        try:
+            await self._run()
+        finally:  # rollouts still running finish (as asyncio.run waits for its default pool's threads)
+            for pool in (self._learner_thread, self._rollout_threads):
+                await asyncio.get_running_loop().run_in_executor(
+                    None, functools.partial(pool.shutdown, wait=True, cancel_futures=True))
+
+    async def _on(self, pool: ThreadPoolExecutor, fn, *args):
+        """`fn(*args)` on a thread of `pool` (this context's variables with it, as to_thread does)."""
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(ctx.run, fn, *args))
+
+    async def _run(self) -> None:
         self._start = self._step_mark = time.monotonic()
         if self.cfg.engine_lag and self._given is None:  # what the engine starts with, for a checkpoint
             self._given = (self._snapshot(self.learner.state_dict_for_engine()), self.learner.version)
@@ -288,7 +311,7 @@ class Orchestrator:
         return traj
 
     async def _rollout_here(self, source: Source, task: Task, seed: int) -> Trajectory:
-        return await asyncio.to_thread(rollout_and_grade, source.agent, task, source.env, self.pool, seed)
+        return await self._on(self._rollout_threads, rollout_and_grade, source.agent, task, source.env, self.pool, seed)
 
     async def _learn(self, batch: list[Trajectory]) -> None:
         version_before = self.learner.version
@@ -296,12 +319,12 @@ class Orchestrator:
         t0 = time.monotonic()
         sleeps = getattr(self.engine, "sleep_during_step", False)  # colocated on GPUs: the engine frees them
         if sleeps:
-            await asyncio.to_thread(self.engine.sleep)
+            await self._on(self._learner_thread, self.engine.sleep)
         try:
-            metrics = await asyncio.to_thread(self.learner.step, batch, group_ids)
+            metrics = await self._on(self._learner_thread, self.learner.step, batch, group_ids)
         finally:
             if sleeps:
-                await asyncio.to_thread(self.engine.wake_up)
+                await self._on(self._learner_thread, self.engine.wake_up)
         learn_s = time.monotonic() - t0
         self.step += 1
         sync_s = 0.0
@@ -309,7 +332,7 @@ class Orchestrator:
             t1 = time.monotonic()
             synced = self._lagged(self.learner.state_dict_for_engine(), self.learner.version)
             if synced is not None:
-                await asyncio.to_thread(self.engine.update_weights, *synced)
+                await self._on(self._learner_thread, self.engine.update_weights, *synced)
                 metrics["time/weight_sync_s"] = time.monotonic() - t1
             sync_s = time.monotonic() - t1  # (a lagged engine's snapshot counts, sent or not)
         now = time.monotonic()

@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import ray
@@ -48,6 +49,8 @@ from training.console import console
 from training.factories import engine_choice, make_agent, make_learner, make_pool, make_source_env, prepare_model
 from training.orchestrator import RolloutLost
 from training.runtime.base import ClusterError, run_command
+
+ENGINE_REQUESTS = 1024  # requests one engine actor serves at once
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 900  # model loading on a cold node can take minutes
@@ -129,6 +132,7 @@ class EngineActor:
 
     def __init__(self, kind: str, model_path: str, options: dict):
         self.engine = shareable(make_engine(kind, model_path, **options))
+        self._threads = ThreadPoolExecutor(ENGINE_REQUESTS, thread_name_prefix="generate")
         # Ray restarted this replica: it holds the weights it started with, and the router may not
         # know yet (no request was in flight when it died). It serves again once `serve` is called.
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -145,7 +149,9 @@ class EngineActor:
             raise ReplicaRestarted("this engine replica was restarted and has not been given the run's weights")
         if hasattr(self.engine, "submit"):
             return await asyncio.wrap_future(self.engine.submit(prompt_ids, sampling))
-        return await asyncio.to_thread(self.engine.generate, prompt_ids, sampling)
+        # a thread per request in flight (the actor's max_concurrency), made as needed:
+        # asyncio.to_thread's pool has min(32, CPUs + 4), and the engine batches only what it is given at once
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self.engine.generate, prompt_ids, sampling)
 
     async def update_weights(self, weights: list, version: int) -> dict:
         await asyncio.to_thread(self.engine.update_weights, weights, version)
@@ -525,7 +531,7 @@ class Cluster:
         for i in range(n_replicas):
             pg = self._group(placement.bundles, placement.strategy)
             engines.append(engine_cls.options(
-                name=f"engine-{i}", max_restarts=-1, max_concurrency=1024, **placement.actor,
+                name=f"engine-{i}", max_restarts=-1, max_concurrency=ENGINE_REQUESTS, **placement.actor,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
             ).remote(kind, model_path, options))
         self.actors += engines
