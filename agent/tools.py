@@ -12,6 +12,7 @@ used here to check each call, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 import re
@@ -46,6 +47,15 @@ class ToolError(Exception):
     """A mistake the model made; its message becomes the observation (with error=True)."""
 
 
+@functools.lru_cache(maxsize=32)
+def _specs(path: str, mtime_ns: int) -> list[dict]:
+    """A spec file's tools, parsed once per version of the file: every rollout makes a ToolBox,
+    and PyYAML's pure-Python parser held the GIL for 39% of the samples a profile of the peer
+    benchmark took in the GIL (BENCHMARKS.md). Callers get the parsed objects read-only
+    (`filled` below builds new ones)."""
+    return yaml.safe_load(Path(path).read_text())
+
+
 def load_definitions(spec_file: Path = SPEC_FILE, names=DEFAULT_TOOLS, **fill: Any) -> list[dict]:
     """OpenAI-style tool definitions for `names`, in that order, read from `spec_file`.
 
@@ -53,7 +63,7 @@ def load_definitions(spec_file: Path = SPEC_FILE, names=DEFAULT_TOOLS, **fill: A
     in the text are left alone). Raises ValueError naming the file for an unknown tool name.
     """
     files = [spec_file, ENV_SPEC_FILE] if Path(spec_file) == SPEC_FILE else [spec_file]
-    specs = {s["name"]: s for f in files for s in yaml.safe_load(Path(f).read_text())}
+    specs = {s["name"]: s for f in files for s in _specs(str(f), Path(f).stat().st_mtime_ns)}
     unknown = [n for n in names if n not in specs]
     if unknown:
         raise ValueError(f"{spec_file}: no tool named {unknown}; it defines {sorted(specs)}")

@@ -162,3 +162,24 @@ def test_local_rank_timeout_must_be_positive():
     assert composed().local.rank_timeout_s == 14400  # 4 hours: past a batch of SWE rollouts
     with pytest.raises(ConfigError, match="local.rank_timeout_s"):
         check(composed("local.rank_timeout_s=0"))
+
+
+def test_engine_cpus_gives_the_engine_cores_of_its_own_and_refuses_a_count_it_cannot():
+    """local.engine_cpus: the vLLM engine's OpenMP threads bound to the last N CPUs (its
+    VLLM_CPU_OMP_THREADS_BIND), this process and what it starts later on the rest, torch's
+    intra-op threads as many as those (a subprocess: it changes its own affinity)."""
+    import os
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    code = ("import os, torch; from training.runtime.local import split_cpus; e, r = split_cpus(1); "
+            "print(e, r, sorted(os.sched_getaffinity(0)), os.environ['VLLM_CPU_OMP_THREADS_BIND'], torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    rest = cpus[:-1]
+    assert out[-2] == str(cpus[-1]) and int(out[-1]) == len(rest)
+    with pytest.raises(ConfigError, match="local.engine_cpus"):
+        check(composed(f"local.engine_cpus={len(cpus)}"))
+    check(composed("local.engine_cpus=1"))

@@ -161,6 +161,12 @@ def check(cfg: DictConfig) -> None:
         _fail("runtime", runtime, "must be 'local' (this process) or 'ray' (actors on a Ray cluster)")
     if cfg.get("local") is not None:
         _at_least(cfg.local, "local", ("rank_timeout_s",), 1)
+        engine_cpus = cfg.local.get("engine_cpus")
+        if engine_cpus is not None:
+            cpus = len(os.sched_getaffinity(0))
+            if isinstance(engine_cpus, bool) or not isinstance(engine_cpus, int) or not 1 <= engine_cpus < cpus:
+                _fail("local.engine_cpus", engine_cpus, f"must be a whole number from 1 to {cpus - 1} (this process may "
+                      f"use {cpus} CPUs: the engine takes that many, the learner and the rollouts the rest), or null")
     if runtime == "ray":
         _at_least(cfg.ray, "ray", ("learner_ranks", "rollout_actors"), 1)
         _at_least(cfg.ray, "ray", ("rollout_actor_cpus",), 0)

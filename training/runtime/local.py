@@ -12,8 +12,10 @@ replicas take part in the step alone; the Megatron learner's shards in every com
 
 from __future__ import annotations
 
+import os
 import signal
 
+import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
@@ -76,6 +78,21 @@ def follow(learner: Learner, world: int) -> None:
                 raise
 
 
+def split_cpus(n: int) -> tuple[list[int], list[int]]:
+    """The engine's `n` CPUs (the last this process may use) and the rest. vLLM's CPU worker binds
+    its OpenMP threads to VLLM_CPU_OMP_THREADS_BIND (read when its engine starts); this thread,
+    and the threads and processes it starts from now on, keep to the rest, and torch's intra-op
+    threads match their number. Call before the engine and the learner are made."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not 1 <= n < len(cpus):
+        raise ValueError(f"engine_cpus {n}: this process may use {len(cpus)} CPUs; give the engine 1 to {len(cpus) - 1}")
+    engine, rest = cpus[-n:], cpus[:-n]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, engine))
+    os.sched_setaffinity(0, rest)
+    torch.set_num_threads(len(rest))
+    return engine, rest
+
+
 class LocalRuntime:
     """This process (rank 0 of `WORLD_SIZE` under torchrun): the learner is built here, the
     engine and rollouts by the run itself."""
@@ -86,7 +103,11 @@ class LocalRuntime:
     def __init__(self, cfg: DictConfig):
         self.rank = collectives.init_from_env(cfg.get("local", {}).get("rank_timeout_s"))
         self.is_main = self.rank.is_main
-        path = prepare_model(cfg.model) if self.is_main else None
+        path = prepare_model(cfg.model) if self.is_main else None  # (an SFT warm start on every CPU)
+        engine_cpus = cfg.get("local", {}).get("engine_cpus")
+        if engine_cpus and self.is_main:
+            engine, rest = split_cpus(int(engine_cpus))
+            console.print(f"CPUs: the engine's threads on {engine}, the learner and the rollouts on {rest} (local.engine_cpus)")
         self.model_path = collectives.broadcast_object(path) if self.rank.world > 1 else path
         learner = make_learner(cfg, self.model_path)  # a LayoutError is raised on every rank alike
         if self.rank.world > 1 and self.is_main:
