@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 import time
 from typing import Any
 
@@ -39,7 +40,7 @@ for _k, _v in {"MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "Tru
     os.environ.setdefault(_k, _v)
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-EXIT_REASONS = {"Submitted": "submitted", "LimitsExceeded": "max_turns", "TimeExceeded": "timeout",
+EXITS = {"Submitted": "submitted", "LimitsExceeded": "max_turns", "TimeExceeded": "timeout",
                 "RepeatedFormatError": "format_errors"}
 
 
@@ -72,8 +73,6 @@ class SandboxEnvironment:
         self.tools_s = 0.0
 
     def execute(self, action: dict, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
-        import shlex
-
         from minisweagent.exceptions import Submitted
 
         command = action.get("command", "") if isinstance(action, dict) else str(action)
@@ -148,7 +147,7 @@ class MiniSweAgent:
                 try:
                     result = mini.run(task.problem_statement)
                     status = result.get("exit_status", "")
-                    exit_reason = EXIT_REASONS.get(status, "")
+                    exit_reason = EXITS.get(status, "")
                     if status == "Submitted":
                         info["submission"] = result.get("submission", "")
                     elif not exit_reason:

@@ -91,8 +91,8 @@ def normalize(message: dict, index: int) -> dict:
     if role == "assistant" and message.get("tool_calls"):
         calls = []
         for j, call in enumerate(message["tool_calls"]):
-            fn = (call or {}).get("function") or {}
-            if not isinstance(fn.get("name"), str):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 raise BadRequest(f"messages[{index}].tool_calls[{j}].function.name: missing")
             calls.append({"id": call.get("id"), "type": "function",
                           "function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments"))}})
