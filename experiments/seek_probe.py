@@ -91,7 +91,7 @@ def play(model: Path, games: int, levels: int, seed: int, jobs: int) -> list[dic
     from training.config import CONF
     from training.factories import make_agent, make_source_env
 
-    cfg = OmegaConf.load(CONF / "config.yaml")
+    cfg = OmegaConf.create({"agent": OmegaConf.load(CONF / "agent" / "default.yaml")})  # the default agent's settings
     source = next(s for s in OmegaConf.load(CONF / "experiment" / "seek.yaml").sources if s.env == "seek")
     env = make_source_env(source)
     engine = make_engine("hf", str(model))

@@ -120,7 +120,8 @@ def make_pool(cfg: DictConfig, run_id: str, max_live: int) -> SandboxPool:
 def engine_choice(engine_cfg: DictConfig) -> tuple[str, dict]:
     """The engine kind and its options; `auto` is vllm where it is installed, else hf, with
     that kind's own `conf/engine/<kind>.yaml` options under the given ones."""
-    kind, options = engine_cfg.kind, engine_cfg.options or {}
+    kind = engine_cfg.kind
+    options = engine_cfg.options if engine_cfg.get("options") is not None else OmegaConf.create({})
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
         options = OmegaConf.merge(OmegaConf.load(CONF / "engine" / f"{kind}.yaml").options, options)
