@@ -81,6 +81,19 @@ def test_scaffolds_benchmark_runs_both_agents_and_times_the_endpoint(tmp_path, d
     assert result["endpoint"]["endpoint_ms_mean"] > 0 and "rollouts per hour" in r.stderr
 
 
+def test_simulation_runs_the_real_orchestrator_and_counts_every_rollout_once(tmp_path):
+    out = tmp_path / "simulate.json"
+    r = run("benchmarks.simulate", "--quick", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert {x["algo"] for x in results} == {"sao", "grpo"}
+    for x in results:  # 2 steps of 8: each trained rollout once, none trained twice, none trained unfinished
+        assert x["steps"] == 2 and x["trained"] == x["unique_trained"] == 16
+        assert x["unique_finished"] == x["finished"] >= x["trained"] + x["dropped_stale"]
+        assert sum(x["staleness_hist"].values()) == 16 and x["rollouts_per_hour"] > 0
+    assert results[1]["staleness_mean"] == 0.0  # sync GRPO trains on the policy that sampled
+
+
 def test_grading_cost_benchmark_grades_all_three_ways(tmp_path, docker_client):
     out = tmp_path / "grading_cost.json"
     r = run("benchmarks.grading_cost", "--quick", "--output", str(out))
