@@ -16,12 +16,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import training.sft as sft_module
+from agent.agents import agent_class
 from agent.engines import make_engine
 from agent.engines.base import check_context
 from agent.engines.router import EngineRouter
 from agent.engines.shared import shareable
 from agent.engines.vllm import vllm_available
-from agent.agents import agent_class
 from agent.loop import Agent, AgentConfig
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
 from envs.base import make_env
@@ -94,7 +94,7 @@ def agent_settings(cfg: DictConfig, override=None) -> tuple[str, dict, AgentConf
     return target, options, AgentConfig(**fields)
 
 
-def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:
+def make_agent(engine, tokenizer, cfg: DictConfig, override) -> Agent:  # (or another agent: conf/agent/)
     target, options, config = agent_settings(cfg, override)
     return agent_class(target)(engine, tokenizer, config, **options)
 
