@@ -20,7 +20,8 @@ are rendered by the chat template.
 Sampling is the rollout's: temperature and top-p are those the learner's logprobs assume (a
 request's own are ignored), `max_tokens` in a request can only shorten a reply. Served with
 FastAPI under uvicorn on a thread of its own; requests run on a thread pool (the engine's
-`generate` blocks), so many rollouts are served at once.
+`generate` blocks; up to `max_concurrency` threads, made as needed), so many rollouts are
+served at once and their requests reach the engine together, to be batched.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ MODEL_NAME = "policy"  # what /v1/models lists; a request may name any model
 
 class ChatEndpoint:
     def __init__(self, engine: Engine, tokenizer, family: str = "hermes", host: str = "127.0.0.1",
-                 port: int = 0, model_name: str = MODEL_NAME, max_concurrency: int = 256):
+                 port: int = 0, model_name: str = MODEL_NAME, max_concurrency: int = 1024):
         self.engine, self.tokenizer, self.family = engine, tokenizer, family
         self.host, self.port, self.model_name = host, port, model_name
         self.stop_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
