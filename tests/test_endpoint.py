@@ -264,3 +264,35 @@ def test_a_short_sao_run_with_mini_swe_agent_trains_and_its_weights_reach_the_en
     assert all(row["rollout/retokenized_turns"] >= 0 and "rollout/repaired_turns" in row for row in rows)
     trajs = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert trajs and all(t.get("agent") == "mini_swe" for t in trajs)
+
+
+def test_mini_swe_agents_environment_runs_its_actions_as_its_own_docker_environment_does():
+    """SandboxEnvironment: each action a command in the workspace with the config's variables; a
+    timeout is exit code -1 with the reason; the submission marker ends the run only as the first
+    line of a command that succeeded (mini-swe-agent's rule). A recording stand-in for the
+    sandbox (a unit test: the real one runs in the sandbox test above)."""
+    from minisweagent.exceptions import Submitted
+
+    from agent.mini_swe import SUBMIT_MARKER, SandboxEnvironment
+    from sandbox.base import ExecResult
+
+    class Recording:
+        def __init__(self, results):
+            self.results, self.calls = list(results), []
+
+        def exec(self, cmd, timeout=None, workdir=None):
+            self.calls.append((cmd, timeout, workdir))
+            return self.results.pop(0)
+
+    sb = Recording([ExecResult(0, "a\nb\n"), ExecResult(124, "partial", timed_out=True),
+                    ExecResult(1, f"{SUBMIT_MARKER}\ndiff\n"), ExecResult(0, f"  {SUBMIT_MARKER}\ndiff --git a/x b/x\n")])
+    env = SandboxEnvironment(sb, "/testbed", 60, {"PAGER": "cat", "X": "a b"})
+    assert env.execute({"command": "ls"}) == {"output": "a\nb\n", "returncode": 0, "exception_info": ""}
+    assert sb.calls[0] == ("export PAGER=cat; export X='a b'; ls", 60, "/testbed")
+    out = env.execute({"command": "sleep 99"}, timeout=5)
+    assert out["returncode"] == -1 and "timed out after 5 seconds" in out["exception_info"] and sb.calls[1][1] == 5
+    assert env.execute({"command": "false"})["returncode"] == 1  # the marker after a failure: not a submission
+    with pytest.raises(Submitted) as submitted:
+        env.execute({"command": "submit"})
+    assert submitted.value.messages[0]["extra"]["submission"] == "diff --git a/x b/x\n"
+    assert env.get_template_vars()["cwd"] == "/testbed" and env.serialize()["info"]["config"]["environment"]["timeout"] == 60
