@@ -95,13 +95,15 @@ class ChatEndpoint:
             rec = self._rollouts.get(key)
         if rec is None:
             raise PermissionError(f"no open rollout has the key {key[:24]!r}")
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):
             raise BadRequest("n: only 1 completion per request is served (one rollout, one sample)")
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
+            raise BadRequest(f"max_tokens: {requested!r} is not a whole number of at least 1")
         t0 = time.monotonic()
         with rec.lock:
             ids = rec.prepare(body.get("messages"), body.get("tools") or None)
-            requested = body.get("max_completion_tokens") or body.get("max_tokens")
-            sampling = rec.sampling(int(requested) if requested else None, self.stop_id)
+            sampling = rec.sampling(requested, self.stop_id)
             version = self.engine.version
             g0 = time.monotonic()
             with session(key):

@@ -132,6 +132,9 @@ def test_requests_it_cannot_serve_are_refused_with_the_reason(served):
         assert r.status_code == 400 and "messages[0].role" in r.json()["error"]["message"]
         r = httpx.post(f"{ep.url}/chat/completions", json={**body, "n": 2}, headers={"Authorization": f"Bearer {rec.key}"})
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("n:")
+        r = httpx.post(f"{ep.url}/chat/completions", json={**body, "max_tokens": "lots"},
+                       headers={"Authorization": f"Bearer {rec.key}"})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens:")
     assert engine.prompts == []  # nothing reached the engine
     models = httpx.get(f"{ep.url}/models").json()
     assert models["data"][0]["id"] == "policy"
