@@ -1,5 +1,5 @@
-"""What the training-run benchmarks share: one `python -m training.run` as a subprocess, and
-its metrics read back into rates (benchmarks/async_vs_sync.py, benchmarks/throughput.py)."""
+"""What the benchmarks share: one `python -m training.run` as a subprocess, and its metrics read
+back into rates (benchmarks/async_vs_sync.py, benchmarks/throughput.py); a result written out."""
 
 from __future__ import annotations
 
@@ -11,6 +11,15 @@ from pathlib import Path
 from statistics import mean
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_result(result: dict, output: Path | None) -> None:
+    """A benchmark's result: as indented JSON to `output` (when given), and as one JSON line on
+    stdout, its last line (what a caller or a test reads)."""
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -20,7 +20,6 @@ the test.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import threading
@@ -35,6 +34,7 @@ from agent.engines import make_engine
 from agent.engines.base import SamplingParams
 from agent.engines.shared import shareable
 from agent.tiny_model import DEFAULT_DIR, build_tiny_model
+from benchmarks.common import write_result
 
 OBSERVATION = [100 + k for k in range(12)]  # the "tool output" appended after each turn
 MAX_MODEL_LEN = 4096
@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = {"config": {k: v for k, v in vars(args).items() if k != "output"} | {"total_turns": turns},
            "engines": results, "ratios_async_blocking": ratios, "identical_samples": same}
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out))
+    write_result(out, args.output)
     return 0
 
 

@@ -34,6 +34,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.common import write_result
+
 console = Console(stderr=True)
 
 
@@ -189,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"endpoint: {e['endpoint_ms_mean']} ms a request against {e['direct_ms_mean']} ms direct "
                   f"(+{e['added_ms_mean']} ms, median +{e['added_ms_median']} ms; its own time outside the engine "
                   f"{e['endpoint_own_ms_mean']} ms), prompt {e['prompt_tokens']} tokens, 1 new token")
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_result(result, args.output)
     return 0
 
 

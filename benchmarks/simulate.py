@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.trajectory import Trajectory
+from benchmarks.common import write_result
 from envs.base import Task
 from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler
 
@@ -323,10 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     out = {"params": params, "compression": args.compression, "steps": args.steps, "batch_size": args.batch_size,
            "results": results}
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out))
+    write_result(out, args.output)
     return 0
 
 

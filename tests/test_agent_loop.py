@@ -20,13 +20,13 @@ def call(name, **arguments):
 class ScriptedEngine:
     """Replays fixed assistant turns as token ids (a unit-test stand-in for a model)."""
 
-    def __init__(self, tokenizer, turns, logprob=-0.25):
-        self.tok, self.turns, self.logprob, self.version, self.prompts = tokenizer, list(turns), logprob, 3, []
+    def __init__(self, tokenizer, turns, logprob=-0.25, version=3):
+        self.tok, self.turns, self.logprob, self.version, self.prompts = tokenizer, list(turns), logprob, version, []
+        self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
     def generate(self, prompt_ids, sampling):
         self.prompts.append(list(prompt_ids))
-        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False)
-        ids.append(self.tok.convert_tokens_to_ids(self.tok.eos_token))
+        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [self.eos]
         cut = ids[: sampling.max_new_tokens]  # an engine stops at its token budget
         return Completion(cut, [self.logprob] * len(cut), "stop" if cut == ids else "length")
 

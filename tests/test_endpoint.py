@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from agent.endpoint import ChatEndpoint
-from agent.engines.base import Completion
-from agent.tiny_model import build_tiny_model
 from conftest import RUN_ID
+from test_agent_loop import ScriptedEngine, tokenizer  # noqa: F401 (the fixture, shared)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command",
@@ -29,36 +27,13 @@ def bash(command: str, thought: str = "THOUGHT: next.\n", *, raw_json: str | Non
     return f"{thought}<tool_call>\n{body}\n</tool_call>"
 
 
-class ScriptedEngine:
-    """Replays fixed assistant turns as token ids (a unit-test stand-in for a model); keeps every
-    prompt it was given."""
-
-    def __init__(self, tokenizer, turns, logprob=-0.5, version=7):
-        self.tok, self.turns, self.logprob, self.version, self.prompts = tokenizer, list(turns), logprob, version, []
-        self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-
-    def generate(self, prompt_ids, sampling):
-        self.prompts.append(list(prompt_ids))
-        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [self.eos]
-        cut = ids[: sampling.max_new_tokens]
-        return Completion(cut, [self.logprob] * len(cut), "stop" if cut == ids else "length")
-
-    def update_weights(self, named_tensors, version):
-        self.version = version
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
-
-
 @pytest.fixture
 def served(tokenizer):
     """(endpoint, engine) for a list of scripted turns; the endpoint closed after the test."""
     made = []
 
     def make(turns):
-        engine = ScriptedEngine(tokenizer, turns)
+        engine = ScriptedEngine(tokenizer, turns, logprob=-0.5, version=7)
         ep = ChatEndpoint(engine, tokenizer).start()
         made.append(ep)
         return ep, engine
@@ -231,7 +206,7 @@ def test_mini_swe_agent_resolves_a_builtin_task_in_a_real_sandbox(tokenizer, doc
     turns = [bash("cat > /tmp/gold.diff <<'EOF'\n" + task.patch + "EOF\ngit apply /tmp/gold.diff && git status --short"),
              bash("git diff > patch.txt"),
              bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt")]
-    engine = ScriptedEngine(tokenizer, turns)
+    engine = ScriptedEngine(tokenizer, turns, logprob=-0.5, version=7)
     agent = MiniSweAgent(engine, tokenizer, AgentConfig(max_turns=5, max_tokens=8000, max_new_tokens=2000))
     pool = SandboxPool(RUN_ID, max_live=2)
     try:
