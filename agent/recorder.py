@@ -258,18 +258,14 @@ class Recorder:
 
 def _sampled_runs(mask: list[int], start: int) -> int:
     """Sampled turns (runs of mask 1) with a token at or after `start`."""
-    runs, inside = 0, False
-    for i, m in enumerate(mask):
-        if m and not inside:
-            inside = True
-            if i >= start or _run_end(mask, i) > start:
-                runs += 1
-        elif not m:
-            inside = False
+    runs, i, n = 0, 0, len(mask)
+    while i < n:
+        if not mask[i]:
+            i += 1
+            continue
+        end = i
+        while end < n and mask[end]:
+            end += 1
+        runs += end > start
+        i = end
     return runs
-
-
-def _run_end(mask: list[int], i: int) -> int:
-    while i < len(mask) and mask[i]:
-        i += 1
-    return i

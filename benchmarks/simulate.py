@@ -32,7 +32,6 @@ import math
 import random
 import statistics
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -114,7 +113,6 @@ class SimEngine:
         self.busy_s = 0.0  # real seconds with a request in a replica, averaged over the replicas
         self.tick_cpu_s = 0.0  # the simulation's own CPU time (left out of the orchestrator's)
         self._task: asyncio.Task | None = None
-        self._lock = threading.Lock()
 
     def rate(self, n: int) -> float:
         """Aggregate tokens a second of one replica holding n sequences (linear between rows)."""

@@ -64,11 +64,17 @@ def _check_agent(fields, prefix: str) -> None:
     _at_least(fields, prefix, ("latency_alpha",), 0.01)  # (null: off)
 
 
+def _env_class(env: str) -> tuple[str, type]:
+    """The class an env's conf/env/<env>.yaml names (`_target_`), and that name."""
+    from hydra.utils import get_class
+
+    target = OmegaConf.load(CONF / "env" / f"{env}.yaml")._target_
+    return target, get_class(target)
+
+
 def _check_agent_fits_envs(cfg: DictConfig) -> None:
     """An agent that acts through bash alone (`bash_only`: mini-swe-agent) cannot answer an env
     that is answered with tools of its own (prefer, arith: `answer`)."""
-    from hydra.utils import get_class
-
     from agent.agents import agent_class
 
     target = cfg.agent.get("_target_")
@@ -77,7 +83,7 @@ def _check_agent_fits_envs(cfg: DictConfig) -> None:
     specs = [(f"sources[{i}].env", s) for i, s in enumerate(cfg.sources)]
     specs += [("held_out.env", cfg.held_out)] if cfg.get("held_out") else []
     for where, spec in specs:
-        tools = getattr(get_class(OmegaConf.load(CONF / "env" / f"{spec.env}.yaml")._target_), "tools", None)
+        tools = getattr(_env_class(spec.env)[1], "tools", None)
         if tools:
             _fail(where, spec.env, f"the agent ({target}) acts through bash alone, and this env is answered with "
                   f"its own tools ({', '.join(tools)}): train it with agent=default, or choose sources it can act "
@@ -86,10 +92,8 @@ def _check_agent_fits_envs(cfg: DictConfig) -> None:
 
 def _check_env_options(env: str, options, prefix: str) -> None:
     """Each option must be a parameter of the env's constructor (its conf/env/<env>.yaml _target_)."""
-    from hydra.utils import get_class
-
-    target = OmegaConf.load(CONF / "env" / f"{env}.yaml")._target_
-    known = set(inspect.signature(get_class(target)).parameters) - {"self"}
+    target, cls = _env_class(env)
+    known = set(inspect.signature(cls).parameters) - {"self"}
     for name in options:
         if name not in known:
             _fail(f"{prefix}.{name}", options[name], f"not an option of {target} (known: {', '.join(sorted(known))})")
