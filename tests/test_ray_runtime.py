@@ -138,21 +138,45 @@ def test_a_cluster_too_small_is_said_not_waited_for(tmp_path, cluster):
     assert "ray.rollout_actors" in r.stderr
 
 
-def test_the_megatron_learner_on_ray_ranks(tmp_path, docker_client, cluster):
-    """learner=megatron with its two ranks as Ray actors (data parallel 2): steps, syncs the
-    engine with the weights its ranks gather, and writes its distributed checkpoint."""
+def test_the_megatron_learner_on_ray_ranks_sends_its_shares_by_collective(tmp_path, docker_client, cluster):
+    """learner=megatron with its two ranks as Ray actors at pipeline parallel 2, and two engine
+    replicas: it steps, each rank sends its share of the weights straight to both replicas
+    (gloo), the engines' logprobs match the learner's after each sync, and no rank sent or held
+    the whole model; its distributed checkpoint is written."""
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "training.run", "+debug=tiny", "runtime=ray", f"ray.address={cluster}",
-                        "ray.node_ip_address=127.0.0.1", "engine=vllm", "learner=megatron", "ray.learner_ranks=2",
+                        "ray.node_ip_address=127.0.0.1", "engine=vllm", "engine.replicas=2", "engine.options.bucket_mb=1",
+                        "learner=megatron", "learner.pipeline_parallel=2", "ray.learner_ranks=2",
                         "trainer.max_steps=2", "held_out=null", "model.algo_overrides.critic_warmup_steps=0",
                         f"output_dir={out}", f"run_id={RUN_ID}-mcore"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert "learner: 2 rank(s), tensor 1 x pipeline 1 x data 2" in r.stderr
+    assert "learner: 2 rank(s), tensor 1 x pipeline 2 x data 1" in r.stderr and "weights by collective" in r.stderr
     metrics = rows(out)
     assert [m["learner/version"] for m in metrics] == [m["engine/version"] for m in metrics] == [1.0, 2.0]
     # step 1's batch is all version 0's; step 2's may be too (sampled before the first sync)
     fresh = [m["sao/logprob_mismatch_fresh"] for m in metrics if "sao/logprob_mismatch_fresh" in m]
     assert fresh and max(fresh) < 1e-4
+    for m in metrics:  # both replicas got the whole model, each rank sent part of it, in buckets
+        model = m["engine/sync_bytes"] / 2
+        sent = [m["engine/sync/rank0_bytes"], m["engine/sync/rank1_bytes"]]
+        assert sum(sent) == m["engine/sync_bytes"] and all(0 < b < m["engine/sync_bytes"] * 0.75 for b in sent)
+        assert all(m[f"engine/sync/rank{k}_held_bytes"] < model * 0.6 for k in (0, 1))
     ckpt = out / "checkpoints" / "step_2"
     assert (ckpt / "layout.json").exists() and (ckpt / "megatron" / "policy").is_dir()
+
+
+def test_weight_sync_benchmark_runs_both_paths_and_each_rank_sends_its_share(tmp_path, cluster):
+    """benchmarks.weight_sync, small, on this file's cluster (a Ray instance of its own would
+    be stopped by the cluster's teardown, `ray stop`, were the two to run side by side)."""
+    out = tmp_path / "weight_sync.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.weight_sync", "--sizes", "0.03", "--bucket-mb", "4",
+                        "--address", cluster, "--node-ip-address", "127.0.0.1", "--output", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    o, c = row["object_store"], row["collective"]
+    assert o["rank0_sent_gb"] == row["model_gb"] and o["rank1_sent_gb"] == 0
+    assert c["rank0_sent_gb"] + c["rank1_sent_gb"] == pytest.approx(row["model_gb"])
+    assert 0 < c["rank0_sent_gb"] < row["model_gb"] and c["buckets"] > 2
+    assert o["sync_s"] > 0 and c["sync_s"] > 0

@@ -176,6 +176,14 @@ def check(cfg: DictConfig) -> None:
         _at_least(cfg.ray, "ray", ("rollout_actor_cpus",), 0)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             _fail("runtime", runtime, "places the learner ranks itself (ray.learner_ranks): run it with python, not torchrun")
+        weight_sync = cfg.ray.get("weight_sync", "collective")
+        if weight_sync not in ("collective", "object_store"):
+            _fail("ray.weight_sync", weight_sync, "must be collective (each learner rank sends its share to the engines) "
+                  "or object_store (rank 0 puts the whole model in Ray's object store)")
+        _at_least(cfg.ray, "ray", ("weight_sync_timeout_s",), 1)
+        if weight_sync == "collective" and cfg.trainer.get("engine_lag", 0):
+            _fail("trainer.engine_lag", cfg.trainer.engine_lag, "keeps snapshots of past weights for the engine, which "
+                  "weights by collective do not make (the ranks send what they hold): set ray.weight_sync=object_store")
     _check_sandbox(cfg.get("sandbox") or {})
     if cfg.engine.kind not in ("auto", "hf", "vllm", "vllm_batch"):
         _fail("engine.kind", cfg.engine.kind, "must be auto, hf, vllm or vllm_batch")

@@ -8,7 +8,8 @@ blocking `generate` and async code awaits `agenerate`, both on the same engine.
 
 Weights move by vLLM's weight-transfer API, in buckets (`agent.engines.vllm_transfer`):
 `inline` on CPU, `ipc` when the learner shares the engine's GPU, `nccl` when they have their
-own. Around a sync the engine pauses (vLLM's pause mode): with `sync_mode=continue` requests in
+own, `collective` when runtime=ray's learner ranks send their shares themselves
+(`agent.engines.vllm_collective`). Around a sync the engine pauses (vLLM's pause mode): with `sync_mode=continue` requests in
 flight freeze and go on under the new weights (vLLM records which version sampled each token,
 and so does the trajectory); with `sync_mode=finish` they finish under the old weights first.
 """
@@ -35,9 +36,12 @@ def resolve_transfer(backend: str, tensor_parallel: int = 1) -> str:
     engine on its GPU, this process's case) for an engine on one GPU; an engine over several GPUs
     (tensor parallel) takes `inline`, since the weights rank 0 sends live on its GPU alone and an
     IPC handle opens only on the GPU it was made on. `nccl` is for learners on GPUs of their own
-    (runtime=ray)."""
+    (runtime=ray). `collective`: runtime=ray's learner ranks each send their share (gloo on CPU,
+    NCCL on GPUs); the cluster sets it, by `ray.weight_sync`."""
     if backend == "auto":
         return "ipc" if torch.cuda.is_available() and tensor_parallel == 1 else "inline"
+    if backend == "collective":
+        return backend
     if backend not in ("inline", "ipc", "nccl"):
         raise ValueError(f"engine.options.weight_transfer {backend!r}: choose auto, inline, ipc or nccl")
     if backend in ("ipc", "nccl") and not torch.cuda.is_available():
@@ -79,11 +83,11 @@ class AsyncVLLMEngine:
         self.transfer = resolve_transfer(weight_transfer, int(engine_kwargs.get("tensor_parallel_size", 1)))
         if self.transfer == "ipc":  # see vllm_transfer.wire_update_info: the engine's worker unpickles the handles
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        if self.transfer == "inline":
+        if self.transfer in ("inline", "collective"):
             from importlib.metadata import entry_points
 
             if "sao_inline_weights" not in {e.name for e in entry_points(group="vllm.general_plugins")}:
-                raise RuntimeError("the inline weight-transfer backend is a vLLM plugin of this project, registered "
+                raise RuntimeError(f"the {self.transfer} weight-transfer backend is a vLLM plugin of this project, registered "
                                    "when it is installed: pip install -e . (./setup.sh does)")
         self.bucket_bytes = bucket_mb << 20
         self.sleep_during_step = sleep_during_step
@@ -227,7 +231,38 @@ class AsyncVLLMEngine:
         old.shutdown = lambda *args, **kwargs: None  # as in close(): not again from __del__ at exit
         self.llm = self._call(self._start(self._args))
         self.restarts += 1
-        self._trainer = make_trainer(self.transfer, _SyncClient(self), self._source, self.bucket_bytes)
+        if self._trainer is not None:  # (weights by collective have no trainer side here)
+            self._trainer = make_trainer(self.transfer, _SyncClient(self), self._source, self.bucket_bytes)
+
+    # ---- weights by collective (runtime=ray: the learner ranks send, agent.engines.vllm_collective) ----
+
+    def join_collective(self, init_info: dict) -> None:
+        """This engine's workers open a group with each learner rank (which open theirs at once)."""
+        if self.transfer != "collective":
+            raise RuntimeError(f"weights by collective need an engine made with weight_transfer=collective, not {self.transfer}")
+        _SyncClient(self).init_weight_transfer_engine(init_info)
+
+    def receive_collective(self, plan: list[dict], version: int) -> None:
+        """One sync by collective: pause, receive every bucket of `plan` from its learner rank (the
+        ranks send meanwhile), label the version, go on. A failed receive leaves the model half
+        loaded (vLLM's layerwise reload): the engine is started anew and the error raised; it
+        serves again once a later sync has given it weights."""
+        client = _SyncClient(self)
+        t0 = time.monotonic()
+        self._call(self.llm.pause_generation(mode=SYNC_MODES[self.sync_mode], clear_cache=True))
+        try:
+            client.start_weight_update()
+            client.update_weights({"buckets": plan})
+            client.finish_weight_update()
+            self._call(self.llm.update_weight_version(str(version)))
+        except Exception as e:
+            self._restart(e)
+            raise
+        self._call(self.llm.resume_generation())
+        self.version = version
+        self.last_sync = {"engine/sync_s": time.monotonic() - t0,
+                          "engine/sync_bytes": float(sum(int(b["nbytes"]) for b in plan)),
+                          "engine/restarts": float(self.restarts)}
 
     def sleep(self) -> None:
         """Free the GPU for the learner's step (colocated): weights offloaded, KV cache dropped."""

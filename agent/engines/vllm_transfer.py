@@ -249,6 +249,10 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND, InlineWeightTransferEngine)
     if BACKEND not in WeightTransferTrainerFactory._registry:
         WeightTransferTrainerFactory.register_engine(BACKEND, InlineTrainerWeightTransferEngine)
+    from agent.engines import vllm_collective  # weights by collective (runtime=ray); its sender is the learner's
+
+    if vllm_collective.BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(vllm_collective.BACKEND, vllm_collective.CollectiveWeightTransferEngine)
 
 
 def trainer_init_info(backend: str, **options) -> TrainerInitInfo:

@@ -10,7 +10,7 @@ one whose ranks hold replicas (torch) runs them on rank 0 alone, but for the ste
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import torch
 
@@ -32,6 +32,11 @@ class Learner(Protocol):
 
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's weights under the engine's (HF) names."""
+
+    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The same weights one tensor at a time on every rank, in the same order on each, each
+        name once (a collective where the learner shards: every rank walks it to the end);
+        runtime=ray's ranks send their shares of it to the engines."""
 
     def save(self, path: str | Path) -> None: ...
 

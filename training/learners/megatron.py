@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from functools import partial
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -365,6 +366,16 @@ class MegatronLearner:
         if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         return list(weights.items())
+
+    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The bridge's export, as it comes: each HF tensor gathered across TP/EP and passed along
+        the pipeline stages to every rank, one at a time (a collective: every rank walks it all);
+        a tied embedding two stages send, once."""
+        seen: set[str] = set()
+        for name, tensor in self.policy.bridge.export_weights(self.policy.chunks):
+            if name not in seen:
+                seen.add(name)
+                yield name, tensor.detach()
 
     def save(self, path: str | Path) -> None:
         """`megatron/` (megatron's distributed checkpoint: models, optimizers), `layout.json`,

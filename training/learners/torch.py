@@ -16,6 +16,7 @@ import random
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -225,6 +226,10 @@ class TorchLearner:
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's weights by HF name, the tied output head included (vLLM needs it)."""
         return [(k, v.detach()) for k, v in self.policy.state_dict().items()]
+
+    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """As `state_dict_for_engine`, one at a time (every data-parallel rank holds them all)."""
+        return iter(self.state_dict_for_engine())
 
     def save(self, path: str | Path) -> None:
         """HF-format `policy/` and `critic/` (loadable with from_pretrained) plus `learner.pt`."""

@@ -13,8 +13,13 @@ What goes where (each a Ray actor, placed by placement groups):
   router, and its requests in flight are retried on another replica.
 - **learner ranks** (`ray.learner_ranks`): one actor each, joined in one torch.distributed
   group (NCCL on GPUs, gloo on CPU); every rank gets each step's batch and takes its share
-  (data parallel, or the Megatron learner's layout). Weights for the engines leave rank 0 (all
-  ranks gather them for Megatron) by Ray's object store, not through this process.
+  (data parallel, or the Megatron learner's layout). Weights reach the engines by collective
+  (`ray.weight_sync=collective`, agent/engines/vllm_collective.py): each rank opens a process
+  group with each replica's workers (gloo on CPU, NCCL on GPUs) and broadcasts its share of the
+  tensors in buckets, so no rank gathers the whole model and nothing goes through the object
+  store; a replica Ray restarted joins anew and gets the current weights before it serves.
+  `ray.weight_sync=object_store` instead has rank 0 put the whole model in Ray's object store
+  and each replica fetch it.
 - **rollout workers** (`ray.rollout_actors`), spread over the nodes: each runs the agent loop
   in threads and makes its sandboxes on its own node's Docker engine (or the host of
   `ray.docker_hosts`, in turn). One that dies loses no task: the driver draws it again.
@@ -29,6 +34,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -157,6 +163,19 @@ class EngineActor:
         await asyncio.to_thread(self.engine.update_weights, weights, version)
         return dict(getattr(self.engine, "last_sync", {}))
 
+    async def join_collective(self, init_info: dict) -> None:
+        await asyncio.to_thread(self.engine.join_collective, init_info)
+
+    async def receive_collective(self, plan: list[dict], version: int) -> dict:
+        """One sync by collective (the learner ranks send meanwhile). A failed one restarted the
+        engine: it serves again only after a later sync (`serve`)."""
+        try:
+            await asyncio.to_thread(self.engine.receive_collective, plan, version)
+        except BaseException:
+            self.restarted = True
+            raise
+        return dict(getattr(self.engine, "last_sync", {}))
+
     async def stats(self) -> dict:
         return {"version": self.engine.version, "busy_s": getattr(self.engine, "busy_s", 0.0),
                 "batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0)}
@@ -173,13 +192,25 @@ class RouterActor:
     """The replicas' front: picks one per request (Balancer), retries a request whose replica
     died on another, brings a restarted replica the latest weights before it serves again."""
 
-    def __init__(self, engines: list):
+    def __init__(self, engines: list, ranks: list | None = None, workers: int = 1,
+                 bucket_bytes: int = 256 << 20, timeout_s: float = 600.0):
+        """`ranks`: the learner actors, when weights go by collective (None: by the object
+        store); `workers`: each replica's engine workers (its GPUs)."""
         self.engines = engines
         self.balancer = Balancer(len(engines))
         self.latest: tuple[list, int] | None = None  # ([weights ref], version) for restarted replicas
         self.version = 0
         self.last_sync: dict[str, float] = {}
         self._revived = asyncio.Event()
+        # weights by collective: each replica's groups with the ranks (a new prefix each time it
+        # joins), the replicas Ray restarted that wait for weights, the plan all syncs share
+        self.ranks, self.workers, self.bucket_bytes, self.timeout_s = ranks, workers, bucket_bytes, timeout_s
+        self.joined = [False] * len(engines)
+        self.joins = [0] * len(engines)
+        self.pending: set[int] = set()
+        self._senders: list | None = None
+        self._plan: list[dict] | None = None
+        self._sync_lock = asyncio.Lock()
 
     async def generate(self, session: str | None, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -212,6 +243,11 @@ class RouterActor:
 
         async def bring_up():
             await engine.ready.remote()
+            if self.ranks is not None:  # by collective: it joins the next sync (the driver asks for one soon)
+                if self.version > 0:
+                    self.joined[i] = False
+                    self.pending.add(i)
+                    return
             given = None
             while self.latest is not None and self.latest[1] != given:  # again if a sync passed it by meanwhile
                 box, given = self.latest
@@ -221,8 +257,9 @@ class RouterActor:
         if not await _until_up(bring_up, f"engine replica {i}"):
             return
         self.balancer.restarts += 1
-        self.balancer.up(i)
-        self._revived.set()
+        if i not in self.pending:
+            self.balancer.up(i)
+            self._revived.set()
 
     async def update_weights(self, box: list, version: int) -> None:
         """`box`: [an object ref of the (name, tensor) list], so each replica fetches it itself."""
@@ -241,6 +278,84 @@ class RouterActor:
         self.last_sync = {"engine/sync_s": time.monotonic() - t0,
                           "engine/sync_bytes": float(sum(s.get("engine/sync_bytes", 0.0) for s in syncs))}
 
+    # ---- weights by collective ----
+
+    async def pending_replicas(self) -> list[int]:
+        """Replicas Ray restarted that wait for the current weights before they serve."""
+        return sorted(self.pending)
+
+    async def sync_collective(self, version: int, only: list[int] | None = None) -> None:
+        """One sync by collective: every live replica (or `only` those of them waiting for
+        weights) receives while every learner rank sends its share. A replica that fails is
+        taken out (restarted by Ray if it died) and gets the weights at a later sync; an error
+        of a learner rank is the run's."""
+        async with self._sync_lock:
+            if self._senders is None:
+                self._senders = await asyncio.gather(*[r.weight_sender.remote(self.timeout_s) for r in self.ranks])
+            if self._plan is None:  # all ranks walk the weights (a collective for Megatron); the plans agree
+                self._plan = (await asyncio.gather(*[r.weight_plan.remote(self.bucket_bytes) for r in self.ranks]))[0]
+            if only is None:
+                targets = [i for i in range(len(self.engines)) if self.balancer.alive[i] or i in self.pending]
+            else:
+                targets = [i for i in only if i in self.pending]
+            for i in targets:
+                if not self.joined[i]:
+                    await self._join(i)
+            targets = [i for i in targets if self.joined[i]]
+            t0 = time.monotonic()
+            receiving = [self.engines[i].receive_collective.remote(self._plan, version) for i in targets]
+            sent = await asyncio.gather(*[r.send_weights.remote(self._plan, targets) for r in self.ranks])
+            received = await asyncio.gather(*receiving, return_exceptions=True)
+            failed = {int(i): why for s in sent for i, why in s["failed"].items()}
+            done = []
+            for i, r in zip(targets, received):
+                if isinstance(r, BaseException) or i in failed:
+                    self._out(i, r if isinstance(r, BaseException) else RuntimeError(failed[i]))
+                    continue
+                done.append(i)
+                if i in self.pending:
+                    self.pending.discard(i)
+                    await self.engines[i].serve.remote()
+                    self.balancer.up(i)
+                    self._revived.set()
+            if only is None:
+                self.version = version
+            model_bytes = sum(int(b["nbytes"]) for b in self._plan)
+            self.last_sync = {"engine/sync_s": time.monotonic() - t0, "engine/sync_bytes": float(model_bytes * len(done))}
+            for k, s in enumerate(sent):  # what each rank sent (all replicas) and the most it held at once
+                self.last_sync.update({f"engine/sync/rank{k}_bytes": float(s["sent_bytes"]),
+                                       f"engine/sync/rank{k}_held_bytes": float(s["held_bytes"]),
+                                       f"engine/sync/rank{k}_s": float(s["seconds"])})
+
+    async def _join(self, i: int) -> None:
+        """Replica i's workers and every learner rank open their groups (a new prefix each time)."""
+        self.joins[i] += 1
+        prefix = f"replica{i}/join{self.joins[i]}"
+        info = {"senders": [list(a) for a in self._senders], "prefix": prefix, "workers": self.workers,
+                "timeout_s": self.timeout_s}
+        results = await asyncio.gather(self.engines[i].join_collective.remote(info),
+                                       *[r.open_weight_group.remote(i, prefix, self.workers) for r in self.ranks],
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self._out(i, errors[0])
+        else:
+            self.joined[i] = True
+
+    def _out(self, i: int, error: BaseException) -> None:
+        """Replica i failed a sync by collective: dead, Ray restarts it; alive, its engine was
+        started anew (a half-loaded model is never resumed); either way it waits for weights."""
+        self.joined[i] = False
+        if is_dead_engine(error):
+            self.pending.discard(i)
+            self._died(i, error)
+            return
+        log.warning("engine replica %d failed a weight sync (%s: %s); it serves again after the next one",
+                    i, type(error).__name__, error)
+        if self.balancer.alive[i]:
+            self.balancer.down(i)
+        self.pending.add(i)
+
     async def get_version(self) -> int:
         return self.version
 
@@ -257,11 +372,31 @@ class RouterActor:
 
 class RayEngine:
     """The engine protocol in the driver, over the router actor: what the orchestrator syncs,
-    what held-apart scoring samples from, what the metrics read."""
+    what held-apart scoring samples from, what the metrics read. With weights by collective
+    (`learner` given), a thread also looks every `REVIVE_POLL_S` for replicas Ray restarted
+    and has the ranks send them the current weights, between the learner's commands."""
 
-    def __init__(self, router):
+    REVIVE_POLL_S = 2.0
+
+    def __init__(self, router, learner: "RayLearnerGroup | None" = None):
         self.router = router
+        self.learner = learner
         self._load: dict[str, float] = {}
+        self._closed = threading.Event()
+        if learner is not None:
+            threading.Thread(target=self._revive_loop, name="weights-for-restarted-replicas", daemon=True).start()
+
+    def _revive_loop(self) -> None:
+        while not self._closed.wait(self.REVIVE_POLL_S):
+            try:
+                pending = ray.get(self.router.pending_replicas.remote())
+                if pending:
+                    with self.learner.lock:
+                        ray.get(self.router.sync_collective.remote(self.learner.version, pending))
+            except Exception as e:  # the run's own loop meets a lasting fault; this one tries again
+                if self._closed.is_set():
+                    return
+                log.warning("weights for a restarted engine replica: %s", e)
 
     @property
     def version(self) -> int:
@@ -271,11 +406,20 @@ class RayEngine:
         return ray.get(self.router.generate.remote(current_session(), prompt_ids, sampling))
 
     def update_weights(self, weights, version: int) -> None:
+        if isinstance(weights, CollectiveWeights):
+            with self.learner.lock:
+                ray.get(self.router.sync_collective.remote(version))
+            return
+        if self.learner is not None:
+            raise ClusterError("under ray.weight_sync=collective the engines take weights only from the learner "
+                               "ranks (a snapshot, as trainer.engine_lag keeps, needs ray.weight_sync=object_store)")
         ref = weights.ref if isinstance(weights, RayWeights) else ray.put([(n, t.detach().cpu()) for n, t in weights])
         ray.get(self.router.update_weights.remote([ref], version))
+        nbytes = weights.nbytes if isinstance(weights, RayWeights) else sum(t.numel() * t.element_size() for _, t in weights)
+        self._sent = {"engine/sync/rank0_bytes": float(nbytes), "engine/sync/rank0_held_bytes": float(nbytes)}
 
     def metrics(self) -> dict[str, float]:
-        return ray.get(self.router.metrics.remote())
+        return {**ray.get(self.router.metrics.remote()), **getattr(self, "_sent", {})}
 
     @property
     def busy_s(self) -> float:
@@ -288,7 +432,8 @@ class RayEngine:
         return self._load.get("batch_size_mean", 0.0)
 
     def close(self) -> None:
-        """Nothing here: the cluster (`Cluster.close`) closes the engines."""
+        """Stops the thread for restarted replicas; the cluster (`Cluster.close`) closes the engines."""
+        self._closed.set()
 
 
 class RouterClient:
@@ -311,11 +456,20 @@ class RayWeights:
     """The learner's weights for the engines, held in Ray's object store (by rank 0); already a
     snapshot, so the orchestrator keeps the handle and `fetch`es the tensors only to save them."""
 
-    def __init__(self, ref):
-        self.ref = ref
+    def __init__(self, ref, nbytes: int = 0):
+        self.ref, self.nbytes = ref, nbytes
 
     def fetch(self) -> list:
         return ray.get(self.ref)
+
+
+@dataclass(frozen=True)
+class CollectiveWeights:
+    """The learner's weights as its ranks hold them at the sync: they send them themselves
+    (`RouterActor.sync_collective`), so there is no snapshot to keep (trainer.engine_lag needs
+    ray.weight_sync=object_store)."""
+
+    version: int
 
 
 class LearnerActor:
@@ -324,6 +478,7 @@ class LearnerActor:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
         self.learner = None
+        self.sender = None  # weights by collective: this rank's end of its groups with the engines
 
     def address(self) -> tuple[str, int]:
         host = _node_address()
@@ -348,7 +503,31 @@ class LearnerActor:
 
     def weights(self) -> list | None:
         tensors = [(n, t.detach().cpu()) for n, t in run_command(self.learner, self.world, "weights")]
-        return [ray.put(tensors)] if self.rank == 0 else None
+        return [ray.put(tensors), sum(t.numel() * t.element_size() for _, t in tensors)] if self.rank == 0 else None
+
+    # weights by collective (agent/engines/vllm_collective.py): the router calls these on every rank
+
+    def weight_sender(self, timeout_s: float) -> tuple[str, int]:
+        """Hosts this rank's store for its groups with the engines; its address."""
+        from agent.engines.vllm_collective import BucketSender
+
+        if self.sender is None:
+            self.sender = BucketSender(self.rank, _node_address(), timeout_s)
+        return self.sender.address
+
+    def open_weight_group(self, replica: int, prefix: str, workers: int) -> None:
+        self.sender.open(replica, prefix, workers)
+
+    def weight_plan(self, bucket_bytes: int) -> list[dict]:
+        """The buckets every sync sends, from a walk over the weights (every rank walks them)."""
+        from agent.engines.vllm_collective import make_plan, meta_of
+
+        return make_plan([meta_of(n, t) for n, t in self.learner.weights_for_engine()], self.world, bucket_bytes)
+
+    def send_weights(self, plan: list[dict], replicas: list[int]) -> dict:
+        t0 = time.monotonic()
+        out = self.sender.send(self.learner.weights_for_engine(), plan, replicas)
+        return {**out, "seconds": time.monotonic() - t0}
 
     def save(self, path: str) -> None:
         run_command(self.learner, self.world, "save", path)
@@ -359,10 +538,16 @@ class LearnerActor:
 
 class RayLearnerGroup:
     """The learner interface in the driver over the rank actors: a step goes to every rank
-    (each takes its rows); rank 0's metrics, version and weights stand for all."""
+    (each takes its rows); rank 0's metrics, version and weights stand for all.
 
-    def __init__(self, actors: list, collective: bool, layout: str | None):
+    Every command to the ranks holds `lock` (shared with the engine's syncs by collective): a
+    command the ranks carry out together (a step's all-reduce, Megatron's export) must reach
+    them all in the same order, which two threads of the driver calling at once would not keep."""
+
+    def __init__(self, actors: list, collective: bool, layout: str | None, weight_sync: str = "object_store"):
         self.actors, self.collective, self.layout_summary = actors, collective, layout
+        self.weight_sync = weight_sync
+        self.lock = threading.RLock()
         self._version = ray.get(actors[0].version.remote())
 
     @property
@@ -371,26 +556,33 @@ class RayLearnerGroup:
 
     def step(self, trajectories, group_ids=None) -> dict:
         batch = ray.put(trajectories)  # once, not once per rank
-        metrics = ray.get([a.step.remote(batch, group_ids) for a in self.actors])[0]
-        self._version = ray.get(self.actors[0].version.remote())
+        with self.lock:
+            metrics = ray.get([a.step.remote(batch, group_ids) for a in self.actors])[0]
+            self._version = ray.get(self.actors[0].version.remote())
         return metrics
 
     def _rank0_or_all(self):
         return self.actors if self.collective else self.actors[:1]
 
-    def state_dict_for_engine(self) -> RayWeights:
-        return RayWeights(ray.get([a.weights.remote() for a in self._rank0_or_all()])[0][0])
+    def state_dict_for_engine(self) -> RayWeights | CollectiveWeights:
+        if self.weight_sync == "collective":
+            return CollectiveWeights(self._version)
+        with self.lock:
+            ref, nbytes = ray.get([a.weights.remote() for a in self._rank0_or_all()])[0]
+        return RayWeights(ref, nbytes)
 
     def save(self, path) -> None:
-        ray.get([a.save.remote(str(path)) for a in self._rank0_or_all()])
+        with self.lock:
+            ray.get([a.save.remote(str(path)) for a in self._rank0_or_all()])
 
     def load(self, path) -> None:
-        refs = [a.load.remote(str(path)) for a in self.actors]
-        try:
-            ray.get(refs)
-        except ray.exceptions.RayTaskError as e:  # the learner's own error (a LayoutError, say), as itself
-            raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
-        self._version = ray.get(self.actors[0].version.remote())
+        with self.lock:
+            refs = [a.load.remote(str(path)) for a in self.actors]
+            try:
+                ray.get(refs)
+            except ray.exceptions.RayTaskError as e:  # the learner's own error (a LayoutError, say), as itself
+                raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
+            self._version = ray.get(self.actors[0].version.remote())
 
 
 # ---- rollouts ----
@@ -505,15 +697,20 @@ class Cluster:
                 + (f" and {gpus_needed} GPUs ({n_replicas} x {devices} for the engines, {n_ranks} for the learner)" if gpu else "")
                 + ": add nodes, or lower engine.replicas, ray.learner_ranks or ray.rollout_actors")
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-        # weights reach each replica through Ray's object store, on the host; from the replica's
-        # actor into its engine they go by the inline backend, in buckets
+        # weights by collective (vLLM's async engine with the project's `collective` backend): each
+        # learner rank straight to each replica's workers. By the object store: rank 0 puts the
+        # model there, each replica's actor fetches it and gives it its engine by `inline`, in buckets
+        self.weight_sync = r.get("weight_sync", "collective")
+        if self.weight_sync == "collective" and kind != "vllm":
+            console.print(f"[yellow]note:[/yellow] engine {kind} takes weights through Ray's object store only: "
+                          "ray.weight_sync=object_store for this run")
+            self.weight_sync = "object_store"
         transfer = options.get("weight_transfer", "auto")
-        if kind == "vllm" and transfer not in ("auto", "inline"):
-            raise ClusterError(f"engine.options.weight_transfer={transfer}: under runtime=ray the weights reach each "
-                             "replica through Ray's object store (inline); NCCL from the learner's GPUs straight to "
-                             "the engines' is not built yet")
+        if kind == "vllm" and transfer not in ("auto", "inline", "collective"):
+            raise ClusterError(f"engine.options.weight_transfer={transfer}: under runtime=ray the cluster picks it by "
+                               "ray.weight_sync (collective, or object_store with inline); leave it auto")
         if kind == "vllm":
-            options = {**options, "weight_transfer": "inline"}
+            options = {**options, "weight_transfer": "collective" if self.weight_sync == "collective" else "inline"}
         try:
             placement = engine_placement(devices, gpu, options.get("distributed_executor_backend"))
         except ValueError as e:
@@ -522,7 +719,7 @@ class Cluster:
             options = {**options, **placement.engine_options}
         console.print(f"ray: {len(ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs, "
                       f"{ray.cluster_resources().get('GPU', 0):g} GPUs; {n_replicas} engine replica(s) x TP {tp}, "
-                      f"{n_ranks} learner rank(s), {r.rollout_actors} rollout worker(s)")
+                      f"{n_ranks} learner rank(s), {r.rollout_actors} rollout worker(s); weights by {self.weight_sync.replace('_', ' ')}")
 
         # engines: a placement group each (its GPUs on one node, `engine_placement`), restarted by
         # Ray if they die; vLLM's workers above one GPU are actors of their own in that group
@@ -536,9 +733,6 @@ class Cluster:
             ).remote(kind, model_path, options))
         self.actors += engines
         self.engines = engines
-        self.router = ray.remote(RouterActor).options(name="router", max_concurrency=4096, num_cpus=0).remote(engines)
-        self.actors.append(self.router)
-
         # learner ranks: one placement group, a bundle per rank
         pg = self._group([{"CPU": 1, **({"GPU": 1} if gpu else {})}] * n_ranks, "PACK")
         learner_cls = ray.remote(LearnerActor)
@@ -551,7 +745,13 @@ class Cluster:
             layout, collective = ray.get([a.setup.remote(cfg_dict, model_path, master) for a in ranks])[0]
         except ray.exceptions.RayTaskError as e:  # a LayoutError says which field, as in runtime=local
             raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
-        self.learner = RayLearnerGroup(ranks, collective, layout)
+        self.learner = RayLearnerGroup(ranks, collective, layout, self.weight_sync)
+
+        by_collective = self.weight_sync == "collective"
+        self.router = ray.remote(RouterActor).options(name="router", max_concurrency=4096, num_cpus=0).remote(
+            engines, ranks if by_collective else None, devices, int(options.get("bucket_mb", 256)) << 20,
+            float(r.get("weight_sync_timeout_s", 600)))
+        self.actors.append(self.router)
 
         # rollout workers: spread over the nodes, each with its share of the concurrent rollouts
         n_workers = r.rollout_actors
@@ -572,7 +772,7 @@ class Cluster:
         self.worker_nodes = [node_id for node_id, _ in nodes]
         console.print(f"ray: rollout workers on {len(set(self.worker_nodes))} node(s) "
                       f"({', '.join(sorted({f'{ip} {node_id[:8]}' for node_id, ip in nodes}))})")
-        self.engine = RayEngine(self.router)
+        self.engine = RayEngine(self.router, self.learner if by_collective else None)
         self.rollout = RayRollouts(workers)
 
     def _group(self, bundles: list[dict], strategy: str):
@@ -584,6 +784,8 @@ class Cluster:
     def close(self) -> None:
         """Workers close their pools (their containers go), engines their engine processes, then
         every actor and placement group goes."""
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
         closing = [a.close.remote() for a in getattr(self, "workers", []) + getattr(self, "engines", [])]
         for ref in closing:
             try:
