@@ -182,6 +182,23 @@ def test_the_layouts_the_docs_call_too_big_are_refused(overrides, gpu, nodes):
     assert not plan_of(overrides, gpu, nodes=nodes).fits
 
 
+def test_colocated_under_ray_each_gpu_holds_a_learner_rank_and_a_sleeping_engine_worker():
+    """ray.colocate: Qwen3-8B on one 8 x H200 node, 4 replicas of TP 2 on the 8 learner ranks'
+    GPUs; the plan computes the engine's share beside a rank and counts the step's transient
+    memory beyond what the sleeping engine frees. A count that does not match is named."""
+    colocated = SWE + ["runtime=ray", "ray.colocate=true", "engine.replicas=4", "+engine.options.tensor_parallel_size=2",
+                       "ray.learner_ranks=8", "learner.tensor_parallel=4"]
+    p = plan_of(colocated, H200)
+    assert p.fits, p.table()
+    (gpu,) = p.gpus
+    assert gpu.title == "engine worker + learner rank" and gpu.count == 8
+    assert "learner step beyond the sleeping engine" in gpu.rows and "ray.colocate" in p.table()
+    assert 0 < p.engine.share < P.DEDICATED_SHARE
+    wrong = plan_of([o.replace("engine.replicas=4", "engine.replicas=3") for o in colocated], H200)
+    assert not wrong.fits and "engine.replicas 3 x engine.options.tensor_parallel_size 2 must equal ray.learner_ranks 8" \
+        in " ".join(wrong.problems)
+
+
 def test_a_layout_that_does_not_divide_the_model_is_named():
     p = plan_of(SWE + ["learner.tensor_parallel=3"], H200)
     assert not p.fits and "learner.tensor_parallel=3" in p.problems[0]

@@ -180,3 +180,63 @@ def test_weight_sync_benchmark_runs_both_paths_and_each_rank_sends_its_share(tmp
     assert c["rank0_sent_gb"] + c["rank1_sent_gb"] == pytest.approx(row["model_gb"])
     assert 0 < c["rank0_sent_gb"] < row["model_gb"] and c["buckets"] > 2
     assert o["sync_s"] > 0 and c["sync_s"] > 0
+
+
+COLOCATED_PROBE = r"""
+import json, os
+import ray
+from ray.util.placement_group import get_current_placement_group, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as At
+from training.runtime.ray import colocated_placement
+
+ray.init(address="local", num_cpus=16, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1")
+
+@ray.remote
+class Probe:
+    def gpus(self):
+        return ray.get_gpu_ids()
+
+    def workers(self):
+        # what vLLM's Ray executor does in the engine's actor above one GPU (v1/executor/ray_executor.py)
+        pg = get_current_placement_group()
+        share = float(os.environ["VLLM_RAY_PER_WORKER_GPUS"])
+        bundles = [int(b) for b in os.environ["VLLM_RAY_BUNDLE_INDICES"].split(",")]
+        ws = [Probe.options(num_cpus=0, num_gpus=share, scheduling_strategy=At(pg, placement_group_bundle_index=b,
+                                                                              placement_group_capture_child_tasks=True)).remote()
+              for b in bundles]
+        return ray.get([w.gpus.remote() for w in ws])
+
+out = {}
+for devices, replicas in ((2, 2), (1, 4)):
+    co = colocated_placement(4, replicas, devices)
+    groups = [placement_group(co.bundles, strategy="STRICT_PACK") for _ in range(replicas)]
+    ray.get([g.ready() for g in groups])
+    engines = [Probe.options(**co.engine_actor(), scheduling_strategy=At(g, placement_group_bundle_index=0,
+                                                                        placement_group_capture_child_tasks=True)).remote()
+               for g in groups]
+    workers = [ray.get(e.workers.remote()) if devices > 1 else [ray.get(e.gpus.remote())] for e in engines]
+    ranks = []
+    for k in range(4):
+        replica, bundle = co.learner_rank(k)
+        ranks.append(Probe.options(num_cpus=1, num_gpus=0.5, scheduling_strategy=At(groups[replica], placement_group_bundle_index=bundle)).remote())
+    out[devices] = {"workers": workers, "ranks": ray.get([r.gpus.remote() for r in ranks])}
+    for a in engines + ranks:
+        ray.kill(a)
+    for g in groups:
+        ray.util.remove_placement_group(g)
+print(json.dumps(out))
+"""
+
+
+def test_colocated_replicas_share_each_learner_ranks_gpu(cluster):
+    """ray.colocate's scheduling, on a Ray instance that declares 4 GPUs (none is used): with
+    replicas of 2 GPUs and of 1, every learner rank lands on the GPU of exactly one engine worker
+    (its replica's, at its place), and the 4 ranks on 4 different GPUs. (A Ray instance of its
+    own, started beside this file's cluster, before its teardown stops every Ray process.)"""
+    r = subprocess.run([sys.executable, "-c", COLOCATED_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for devices, placed in out.items():
+        workers = [gpu for replica in placed["workers"] for gpu in replica]  # in rank order
+        assert placed["ranks"] == workers, (devices, placed)
+        assert len({tuple(g) for g in placed["ranks"]}) == 4

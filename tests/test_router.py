@@ -116,3 +116,97 @@ def test_dead_engine_errors_as_the_ray_router_receives_them():
 
     assert is_dead_engine(RayTaskError("generate", "tb", ReplicaRestarted("restarted")).as_instanceof_cause())
     assert not is_dead_engine(RayTaskError("generate", "tb", ValueError("bad prompt")).as_instanceof_cause())
+
+
+# ---- runtime=ray's router actor with weights by collective (its bookkeeping; stand-in actors) ----
+
+class _Method:
+    """`handle.method.remote(...)` as the router awaits it: here a coroutine on the stand-in."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        async def call():
+            return self.fn(*args)
+        return call()
+
+
+class _Handle:
+    def __init__(self, obj):
+        self._obj = obj
+
+    def __getattr__(self, name):
+        return _Method(getattr(self._obj, name))
+
+
+class _Rank:
+    def __init__(self, k):
+        self.k, self.opened, self.sends, self.plans = k, [], [], 0
+
+    def weight_sender(self, timeout_s, transport):
+        return ("127.0.0.1", 1000 + self.k)
+
+    def weight_plan(self, bucket_bytes):
+        self.plans += 1
+        return [{"sender": 0, "names": ["w"], "dtype_names": ["float32"], "shapes": [[2]], "nbytes": 8},
+                {"sender": 1, "names": ["v"], "dtype_names": ["float32"], "shapes": [[2]], "nbytes": 8}]
+
+    def open_weight_group(self, replica, prefix, workers):
+        self.opened.append(prefix)
+
+    def send_weights(self, plan, replicas):
+        self.sends.append(list(replicas))
+        return {"sent_bytes": 8 * len(replicas), "held_bytes": 8, "failed": {}, "seconds": 0.01}
+
+
+class _Engine:
+    def __init__(self):
+        self.joined, self.received, self.served, self.fail_next, self.naps = [], [], 0, False, []
+
+    def join_collective(self, info):
+        self.joined.append(info["prefix"])
+
+    def receive_collective(self, plan, version):
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("half loaded")
+        self.received.append(version)
+        return {}
+
+    def serve(self):
+        self.served += 1
+
+    def sleep(self):
+        self.naps.append("sleep")
+
+    def wake_up(self):
+        self.naps.append("wake_up")
+
+
+def test_the_ray_router_syncs_by_collective_and_brings_a_failed_replica_back_at_the_next_sync():
+    import asyncio
+
+    ray_runtime = pytest.importorskip("training.runtime.ray")
+    engines, ranks = [_Engine(), _Engine()], [_Rank(0), _Rank(1)]
+
+    async def scenario():
+        router = ray_runtime.RouterActor([_Handle(e) for e in engines], [_Handle(r) for r in ranks], workers=1)
+        await router.sync_collective(1)
+        assert [e.joined for e in engines] == [["replica0/join1"], ["replica1/join1"]]
+        assert [r.opened for r in ranks] == [["replica0/join1", "replica1/join1"]] * 2
+        assert router.version == 1 and router.last_sync["engine/sync_bytes"] == 2 * 16
+        assert router.last_sync["engine/sync/rank1_bytes"] == 16
+        engines[1].fail_next = True  # its receive fails: its engine was restarted, it waits for weights
+        await router.sync_collective(2)
+        assert router.balancer.alive == [True, False] and router.pending == {1}
+        assert await router.pending_replicas() == [1]
+        await router.sync_collective(2, [1])  # the driver's thread: the current weights, to it alone
+        assert engines[1].joined == ["replica1/join1", "replica1/join2"] and engines[1].received == [1, 2]
+        assert router.balancer.alive == [True, True] and not router.pending and engines[1].served == 1
+        assert ranks[0].sends[-1] == [1] and ranks[0].plans == 1  # one plan for the run
+        await router.sleep()
+        await router.wake_up()
+        assert engines[0].naps == engines[1].naps == ["sleep", "wake_up"]
+
+    asyncio.run(scenario())

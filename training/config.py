@@ -181,6 +181,8 @@ def check(cfg: DictConfig) -> None:
             _fail("ray.weight_sync", weight_sync, "must be collective (each learner rank sends its share to the engines) "
                   "or object_store (rank 0 puts the whole model in Ray's object store)")
         _at_least(cfg.ray, "ray", ("weight_sync_timeout_s",), 1)
+        if not isinstance(cfg.ray.get("colocate", False), bool):
+            _fail("ray.colocate", cfg.ray.colocate, "must be true or false")
         if weight_sync == "collective" and cfg.trainer.get("engine_lag", 0):
             _fail("trainer.engine_lag", cfg.trainer.engine_lag, "keeps snapshots of past weights for the engine, which "
                   "weights by collective do not make (the ranks send what they hold): set ray.weight_sync=object_store")

@@ -557,6 +557,15 @@ def _shared_share(cfg: DictConfig, arch: Arch, hw: Hardware) -> float:
     return max(0.0, min(DEDICATED_SHARE, math.floor(100 * free / hw.gpu_bytes) / 100))
 
 
+def _sleeping_beside(learner_rows: dict, engine) -> dict:
+    """A learner rank's rows on a GPU whose engine sleeps while it steps: vLLM's sleep frees the
+    engine's weights and KV cache, which the step's transient memory (activations, the loss's
+    chunk) may use; only what goes beyond them is counted."""
+    static = {k: v for k, v in learner_rows.items() if "activations" not in k and "loss" not in k}
+    transient = sum(learner_rows.values()) - sum(static.values())
+    return {**static, "learner step beyond the sleeping engine": max(0, transient - (engine.budget - engine.overhead))}
+
+
 def plan(cfg: DictConfig, hw: Hardware) -> Plan:
     """The memory plan of this config on `hw` (its GPUs as if they were there)."""
     arch = model_arch(cfg.model)
@@ -580,7 +589,26 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
         + ["learner.recompute=true"] * (not cfg.learner.get("recompute", True))
         + ["learner.micro_batch_tokens", "learner.logprob_chunk"])
     given = options.get("gpu_memory_utilization")
-    if runtime == "ray":
+    colocate = runtime == "ray" and bool((cfg.get("ray") or {}).get("colocate", False))
+    if colocate and on_gpu and kind:
+        # ray.colocate: every learner rank's GPU holds an engine worker too, asleep while it steps
+        share = float(given) if given is not None else _shared_share(cfg, arch, hw)
+        engine = _engine(cfg, arch, hw.gpu_bytes, share, "engine.options.gpu_memory_utilization"
+                         if given is not None else "computed: a GPU less its learner rank")
+        shared = _engine_gpu("engine worker + learner rank", world, engine)
+        shared.rows = {**_sleeping_beside(learner_rows, engine), **shared.rows}
+        notes.append("ray.colocate: the engine sleeps (vLLM's sleep mode) while the learner steps, whose "
+                     "transient memory may use the engine's")
+        gpus.append(shared)
+        summary.append(f"engine: {replicas} replica(s) x tensor parallel {etp} on the learner ranks' GPUs (ray.colocate), "
+                       f"share {share:.2f} ({engine.share_from})")
+        if replicas * etp != world:
+            problems.append(f"ray.colocate: engine.replicas {replicas} x engine.options.tensor_parallel_size {etp} "
+                            f"must equal ray.learner_ranks {world}")
+        if hw.counted and world > hw.gpus:
+            problems.append(f"{world} GPUs asked (ray.learner_ranks {world}, shared with the engines), "
+                            f"{hw.gpus} there: lower it or add nodes")
+    elif runtime == "ray":
         share = float(given) if given is not None else DEDICATED_SHARE
         if on_gpu:
             engine = _engine(cfg, arch, hw.gpu_bytes, share, "engine.options.gpu_memory_utilization"
@@ -601,12 +629,7 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
                              if given is not None else "computed: GPU 0 less the learner rank")
             shared = _engine_gpu("GPU 0: engine + learner rank", etp, engine)
             if options.get("sleep_during_step"):
-                # vLLM's sleep frees its weights and KV cache while the learner steps: the step's
-                # transient memory may use them
-                static = {k: v for k, v in learner_rows.items() if "activations" not in k and "loss" not in k}
-                transient = sum(learner_rows.values()) - sum(static.values())
-                shared.rows = {**static, "learner step beyond the sleeping engine": max(
-                    0, transient - (engine.budget - engine.overhead)), **shared.rows}
+                shared.rows = {**_sleeping_beside(learner_rows, engine), **shared.rows}
                 notes.append("engine.options.sleep_during_step: the learner's step uses the sleeping engine's memory")
             else:
                 shared.rows = {**learner_rows, **shared.rows}

@@ -40,21 +40,31 @@ DEFAULT_BUCKET_BYTES = 256 << 20
 C10D = {"cpu": "gloo", "cuda": "nccl"}  # the process group's backend by the device the bytes are on
 
 
-def group_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def default_transport() -> str:
+    """NCCL between GPUs, gloo on CPU. (Colocated, a learner rank and an engine worker share a
+    GPU, which one NCCL group cannot hold: runtime=ray says gloo, through the host, then.)"""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def device_of(transport: str) -> str:
+    """Where a bucket's bytes are for this transport."""
+    if transport not in C10D.values():
+        raise ValueError(f"weights by collective go by gloo or nccl, not {transport!r}")
+    return "cuda" if transport == "nccl" else "cpu"
 
 
 def open_group(host: str, port: int, prefix: str, rank: int, size: int, timeout_s: float,
-               is_master: bool = False, store: dist.Store | None = None):
+               is_master: bool = False, store: dist.Store | None = None, transport: str | None = None):
     """A process group of its own, beside whatever default group this process has (a learner's
-    ranks, vLLM's tensor-parallel workers): gloo on CPU, NCCL on GPUs. Every member calls this
-    at once; it returns when all have joined. `store`: the learner rank's own TCPStore (it
-    hosts one for all its groups); the engines' workers connect to it by `host`, `port`."""
+    ranks, vLLM's tensor-parallel workers): gloo or NCCL (by default: NCCL where there are GPUs).
+    Every member calls this at once; it returns when all have joined. `store`: the learner rank's
+    own TCPStore (it hosts one for all its groups); the engines' workers connect to it by
+    `host`, `port`."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, is_master=is_master, timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore(prefix, store)
-    if group_device() == "cuda":
+    if device_of(transport or default_transport()) == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, options)
@@ -115,6 +125,7 @@ class CollectiveInitInfo(WeightTransferInitInfo):
     prefix: str
     workers: int
     timeout_s: float = 600.0
+    transport: str = ""  # gloo | nccl; empty: NCCL where there are GPUs
 
 
 @dataclass
@@ -143,6 +154,7 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.groups: list = []
+        self.transport = default_transport()
         self.received_bytes = 0
 
     def init_transfer_engine(self, init_info: CollectiveInitInfo) -> None:
@@ -150,8 +162,9 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
         rank = 1 + parallel.rank  # the learner rank is 0 in each group; this replica's workers follow
         if parallel.world_size != init_info.workers:
             raise ValueError(f"the plan says {init_info.workers} worker(s) a replica; this engine has {parallel.world_size}")
-        self.groups = [open_group(host, int(port), init_info.prefix, rank, 1 + init_info.workers, init_info.timeout_s)
-                       for host, port in init_info.senders]
+        self.transport = init_info.transport or default_transport()
+        self.groups = [open_group(host, int(port), init_info.prefix, rank, 1 + init_info.workers, init_info.timeout_s,
+                                  transport=self.transport) for host, port in init_info.senders]
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -168,7 +181,7 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
         # each bucket's broadcast is waited for before it is loaded
         self.receive_weights(self.parse_update_info(update_info))
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # (the loads into the model's GPU tensors)
 
     def receive_weights(self, update_info: CollectiveUpdateInfo) -> None:
         if not self.groups:
@@ -177,7 +190,7 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
         names = {n for b in update_info.buckets for n in b["names"]}
         alias_head = tied and "lm_head.weight" not in names  # vLLM keeps its own copy of a tied head
         self.received_bytes = 0
-        device = group_device()
+        device = device_of(self.transport)
         for b in update_info.buckets:
             buffer = torch.empty(int(b["nbytes"]), dtype=torch.uint8, device=device)
             broadcast(self.groups[int(b["sender"])], buffer)
@@ -211,8 +224,9 @@ class BucketSender:
     """Learner side, one per rank: hosts the rank's store, opens its group with each replica,
     and sends the rank's buckets of a plan as the stream reaches them."""
 
-    def __init__(self, rank: int, host: str, timeout_s: float = 600.0):
+    def __init__(self, rank: int, host: str, timeout_s: float = 600.0, transport: str | None = None):
         self.rank, self.host, self.timeout_s = rank, host, timeout_s
+        self.transport = transport or default_transport()
         self.store = dist.TCPStore(host, 0, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
                                    wait_for_workers=False)
         self.groups: dict[int, Any] = {}  # replica -> its group with this rank
@@ -223,7 +237,7 @@ class BucketSender:
 
     def open(self, replica: int, prefix: str, workers: int) -> None:
         self.groups[replica] = open_group(self.host, self.store.port, prefix, 0, 1 + workers, self.timeout_s,
-                                          store=self.store)
+                                          store=self.store, transport=self.transport)
 
     def close(self, replica: int) -> None:
         self.groups.pop(replica, None)
@@ -256,7 +270,7 @@ class BucketSender:
                                  f"{b['dtype_names'][k]} {b['shapes'][k]} in the plan")
             filling.setdefault(i, {})[name] = tensor
             if len(filling[i]) == len(b["names"]):
-                buffer = self._pack(b, filling.pop(i))
+                buffer = self._pack(b, filling.pop(i), device_of(self.transport))
                 held, buckets = max(held, buffer.numel()), buckets + 1
                 for r in list(live):
                     try:
@@ -273,7 +287,6 @@ class BucketSender:
         return {"sent_bytes": sent, "held_bytes": held, "failed": failed}
 
     @staticmethod
-    def _pack(bucket: dict[str, Any], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        device = group_device()
+    def _pack(bucket: dict[str, Any], tensors: dict[str, torch.Tensor], device: str) -> torch.Tensor:
         flat = [tensors[n].detach().to(device).contiguous().reshape(-1).view(torch.uint8) for n in bucket["names"]]
         return torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)

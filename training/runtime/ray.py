@@ -133,6 +133,48 @@ def engine_placement(devices: int, gpu: bool, backend: str | None = None) -> Eng
                            {"distributed_executor_backend": "ray"})
 
 
+COLOCATED_GPU_SHARE = 0.5  # of each GPU in Ray's accounting, for the learner rank and the engine worker on it
+
+
+@dataclass(frozen=True)
+class Colocated:
+    """ray.colocate: the engine replicas on the learner ranks' GPUs. A placement group per
+    replica, a bundle per GPU on one node (STRICT_PACK, as tensor parallel needs); the replica's
+    workers take half of each of its GPUs, learner rank k the other half of GPU k % devices of
+    replica k // devices. Ray's halves are bookkeeping: the memory is shared by time, the engine
+    sleeping (vLLM's sleep mode) while the learner steps, and sized by
+    engine.options.gpu_memory_utilization."""
+
+    replicas: int
+    devices: int
+
+    @property
+    def bundles(self) -> list[dict]:
+        """One replica's placement group: bundle 0 also holds the engine's actor's CPU."""
+        return [{"CPU": 2, "GPU": 1}] + [{"CPU": 1, "GPU": 1}] * (self.devices - 1)
+
+    def engine_actor(self) -> dict:
+        """Ray options of a replica's engine actor, on bundle 0 of its group."""
+        if self.devices == 1:  # vLLM runs it in the actor's process, on the GPU Ray gives the actor
+            return {"num_cpus": 1, "num_gpus": COLOCATED_GPU_SHARE}
+        # vLLM's Ray executor places a worker actor on each of these bundles with this share of its GPU
+        env = {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, range(self.devices))),
+               "VLLM_RAY_PER_WORKER_GPUS": str(COLOCATED_GPU_SHARE)}
+        return {"num_cpus": 1, "num_gpus": 0, "runtime_env": {"env_vars": env}}
+
+    def learner_rank(self, k: int) -> tuple[int, int]:
+        """(replica whose group it is in, bundle) of learner rank k."""
+        return k // self.devices, k % self.devices
+
+
+def colocated_placement(ranks: int, replicas: int, devices: int) -> Colocated:
+    """The layout of `ray.colocate=true`: every engine worker on a learner rank's GPU."""
+    if replicas * devices != ranks:
+        raise ClusterError(f"ray.colocate puts each engine worker on a learner rank's GPU: engine.replicas ({replicas}) "
+                           f"x the GPUs of a replica ({devices}) must equal ray.learner_ranks ({ranks})")
+    return Colocated(replicas, devices)
+
+
 class EngineActor:
     """One engine replica (vLLM's async engine; another kind behind a SharedEngine)."""
 
@@ -176,6 +218,12 @@ class EngineActor:
             raise
         return dict(getattr(self.engine, "last_sync", {}))
 
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.engine.sleep)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.engine.wake_up)
+
     async def stats(self) -> dict:
         return {"version": self.engine.version, "busy_s": getattr(self.engine, "busy_s", 0.0),
                 "batch_size_mean": getattr(self.engine, "batch_size_mean", 0.0)}
@@ -193,9 +241,9 @@ class RouterActor:
     died on another, brings a restarted replica the latest weights before it serves again."""
 
     def __init__(self, engines: list, ranks: list | None = None, workers: int = 1,
-                 bucket_bytes: int = 256 << 20, timeout_s: float = 600.0):
+                 bucket_bytes: int = 256 << 20, timeout_s: float = 600.0, transport: str = "gloo"):
         """`ranks`: the learner actors, when weights go by collective (None: by the object
-        store); `workers`: each replica's engine workers (its GPUs)."""
+        store); `workers`: each replica's engine workers (its GPUs); `transport`: gloo or nccl."""
         self.engines = engines
         self.balancer = Balancer(len(engines))
         self.latest: tuple[list, int] | None = None  # ([weights ref], version) for restarted replicas
@@ -205,6 +253,7 @@ class RouterActor:
         # weights by collective: each replica's groups with the ranks (a new prefix each time it
         # joins), the replicas Ray restarted that wait for weights, the plan all syncs share
         self.ranks, self.workers, self.bucket_bytes, self.timeout_s = ranks, workers, bucket_bytes, timeout_s
+        self.transport = transport
         self.joined = [False] * len(engines)
         self.joins = [0] * len(engines)
         self.pending: set[int] = set()
@@ -291,7 +340,8 @@ class RouterActor:
         of a learner rank is the run's."""
         async with self._sync_lock:
             if self._senders is None:
-                self._senders = await asyncio.gather(*[r.weight_sender.remote(self.timeout_s) for r in self.ranks])
+                self._senders = await asyncio.gather(*[r.weight_sender.remote(self.timeout_s, self.transport)
+                                                       for r in self.ranks])
             if self._plan is None:  # all ranks walk the weights (a collective for Megatron); the plans agree
                 self._plan = (await asyncio.gather(*[r.weight_plan.remote(self.bucket_bytes) for r in self.ranks]))[0]
             if only is None:
@@ -332,7 +382,7 @@ class RouterActor:
         self.joins[i] += 1
         prefix = f"replica{i}/join{self.joins[i]}"
         info = {"senders": [list(a) for a in self._senders], "prefix": prefix, "workers": self.workers,
-                "timeout_s": self.timeout_s}
+                "timeout_s": self.timeout_s, "transport": self.transport}
         results = await asyncio.gather(self.engines[i].join_collective.remote(info),
                                        *[r.open_weight_group.remote(i, prefix, self.workers) for r in self.ranks],
                                        return_exceptions=True)
@@ -356,6 +406,22 @@ class RouterActor:
             self.balancer.down(i)
         self.pending.add(i)
 
+    async def sleep(self) -> None:
+        """ray.colocate: every live replica frees its GPU memory for the learner's step."""
+        await self._each_live("sleep")
+
+    async def wake_up(self) -> None:
+        await self._each_live("wake_up")
+
+    async def _each_live(self, method: str) -> None:
+        live = [i for i, up in enumerate(self.balancer.alive) if up]
+        results = await asyncio.gather(*[getattr(self.engines[i], method).remote() for i in live], return_exceptions=True)
+        for i, r in zip(live, results):
+            if isinstance(r, BaseException):
+                if not is_dead_engine(r):
+                    raise r
+                self._died(i, r)
+
     async def get_version(self) -> int:
         return self.version
 
@@ -378,9 +444,10 @@ class RayEngine:
 
     REVIVE_POLL_S = 2.0
 
-    def __init__(self, router, learner: "RayLearnerGroup | None" = None):
+    def __init__(self, router, learner: "RayLearnerGroup | None" = None, sleep_during_step: bool = False):
         self.router = router
         self.learner = learner
+        self.sleep_during_step = sleep_during_step  # ray.colocate: the orchestrator sleeps it around each step
         self._load: dict[str, float] = {}
         self._closed = threading.Event()
         if learner is not None:
@@ -420,6 +487,14 @@ class RayEngine:
 
     def metrics(self) -> dict[str, float]:
         return {**ray.get(self.router.metrics.remote()), **getattr(self, "_sent", {})}
+
+    def sleep(self) -> None:
+        if self.sleep_during_step:
+            ray.get(self.router.sleep.remote())
+
+    def wake_up(self) -> None:
+        if self.sleep_during_step:
+            ray.get(self.router.wake_up.remote())
 
     @property
     def busy_s(self) -> float:
@@ -507,12 +582,12 @@ class LearnerActor:
 
     # weights by collective (agent/engines/vllm_collective.py): the router calls these on every rank
 
-    def weight_sender(self, timeout_s: float) -> tuple[str, int]:
+    def weight_sender(self, timeout_s: float, transport: str) -> tuple[str, int]:
         """Hosts this rank's store for its groups with the engines; its address."""
         from agent.engines.vllm_collective import BucketSender
 
         if self.sender is None:
-            self.sender = BucketSender(self.rank, _node_address(), timeout_s)
+            self.sender = BucketSender(self.rank, _node_address(), timeout_s, transport)
         return self.sender.address
 
     def open_weight_group(self, replica: int, prefix: str, workers: int) -> None:
@@ -688,13 +763,18 @@ class Cluster:
                      **({"_node_ip_address": r.node_ip_address} if r.get("node_ip_address") else {}))
         gpu = _gpu()
         have = ray.cluster_resources()
-        gpus_needed = n_replicas * devices + n_ranks if gpu else 0
+        colocate = bool(r.get("colocate", False))
+        if colocate and not gpu:
+            raise ClusterError("ray.colocate=true shares GPUs between engine replicas and learner ranks (vLLM's sleep "
+                               "mode frees the engine's memory while the learner steps): the cluster has no GPUs")
+        gpus_needed = (n_ranks if colocate else n_replicas * devices + n_ranks) if gpu else 0
         if have.get("CPU", 0) < cpus_needed or have.get("GPU", 0) < gpus_needed:
             raise ClusterError(
                 f"the cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; this run asks for "
                 f"{cpus_needed:g} CPUs ({n_replicas} engine replicas, {n_ranks} learner ranks, {r.rollout_actors} "
                 f"rollout workers x ray.rollout_actor_cpus {r.rollout_actor_cpus:g})"
-                + (f" and {gpus_needed} GPUs ({n_replicas} x {devices} for the engines, {n_ranks} for the learner)" if gpu else "")
+                + (f" and {gpus_needed} GPUs ({n_replicas} x {devices} for the engines, {n_ranks} for the learner"
+                   + (", shared" if colocate else "") + ")" if gpu else "")
                 + ": add nodes, or lower engine.replicas, ray.learner_ranks or ray.rollout_actors")
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         # weights by collective (vLLM's async engine with the project's `collective` backend): each
@@ -717,6 +797,16 @@ class Cluster:
             raise ClusterError(str(e)) from None
         if kind in ("vllm", "vllm_batch"):
             options = {**options, **placement.engine_options}
+        co = None
+        if colocate:
+            co = colocated_placement(n_ranks, n_replicas, devices)
+            if kind != "vllm":
+                raise ClusterError(f"ray.colocate=true needs engine=vllm (vLLM's sleep mode), not engine={kind}")
+            if options.get("gpu_memory_utilization") is None:
+                raise ClusterError("ray.colocate=true: set engine.options.gpu_memory_utilization, the engine's share of "
+                                   "each GPU it shares with a learner rank (python -m training.plan with the run's "
+                                   "overrides prints what fits)")
+            options = {**options, "sleep_during_step": True}
         console.print(f"ray: {len(ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs, "
                       f"{ray.cluster_resources().get('GPU', 0):g} GPUs; {n_replicas} engine replica(s) x TP {tp}, "
                       f"{n_ranks} learner rank(s), {r.rollout_actors} rollout worker(s); weights by {self.weight_sync.replace('_', ' ')}")
@@ -724,21 +814,31 @@ class Cluster:
         # engines: a placement group each (its GPUs on one node, `engine_placement`), restarted by
         # Ray if they die; vLLM's workers above one GPU are actors of their own in that group
         engine_cls = ray.remote(EngineActor)
-        engines = []
+        engines, groups = [], []
         for i in range(n_replicas):
-            pg = self._group(placement.bundles, placement.strategy)
+            pg = self._group(co.bundles, "STRICT_PACK") if co else self._group(placement.bundles, placement.strategy)
+            groups.append(pg)
             engines.append(engine_cls.options(
-                name=f"engine-{i}", max_restarts=-1, max_concurrency=ENGINE_REQUESTS, **placement.actor,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+                name=f"engine-{i}", max_restarts=-1, max_concurrency=ENGINE_REQUESTS,
+                **(co.engine_actor() if co else placement.actor),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0,
+                                                                     placement_group_capture_child_tasks=bool(co)),
             ).remote(kind, model_path, options))
         self.actors += engines
         self.engines = engines
-        # learner ranks: one placement group, a bundle per rank
-        pg = self._group([{"CPU": 1, **({"GPU": 1} if gpu else {})}] * n_ranks, "PACK")
+        if co:  # vLLM measures the GPU's free memory as it starts: before the learner ranks beside it take theirs
+            ray.get([e.ready.remote() for e in engines], timeout=READY_TIMEOUT_S)
+        # learner ranks: one placement group, a bundle per rank (colocated: on the replicas' GPUs)
         learner_cls = ray.remote(LearnerActor)
-        ranks = [learner_cls.options(name=f"learner-{k}", num_cpus=1, num_gpus=1 if gpu else 0,
-                                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k)
-                                     ).remote(k, n_ranks) for k in range(n_ranks)]
+        if co:
+            where = [(groups[co.learner_rank(k)[0]], co.learner_rank(k)[1]) for k in range(n_ranks)]
+        else:
+            pg = self._group([{"CPU": 1, **({"GPU": 1} if gpu else {})}] * n_ranks, "PACK")
+            where = [(pg, k) for k in range(n_ranks)]
+        ranks = [learner_cls.options(name=f"learner-{k}", num_cpus=1,
+                                     num_gpus=(COLOCATED_GPU_SHARE if co else 1) if gpu else 0,
+                                     scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b)
+                                     ).remote(k, n_ranks) for k, (group, b) in enumerate(where)]
         self.actors += ranks
         master = ray.get(ranks[0].address.remote())
         try:
@@ -748,9 +848,11 @@ class Cluster:
         self.learner = RayLearnerGroup(ranks, collective, layout, self.weight_sync)
 
         by_collective = self.weight_sync == "collective"
+        # colocated, a rank and a worker of its group share a GPU, which one NCCL group cannot hold: gloo, through the host
+        transport = "nccl" if gpu and not co else "gloo"
         self.router = ray.remote(RouterActor).options(name="router", max_concurrency=4096, num_cpus=0).remote(
             engines, ranks if by_collective else None, devices, int(options.get("bucket_mb", 256)) << 20,
-            float(r.get("weight_sync_timeout_s", 600)))
+            float(r.get("weight_sync_timeout_s", 600)), transport)
         self.actors.append(self.router)
 
         # rollout workers: spread over the nodes, each with its share of the concurrent rollouts
@@ -772,7 +874,7 @@ class Cluster:
         self.worker_nodes = [node_id for node_id, _ in nodes]
         console.print(f"ray: rollout workers on {len(set(self.worker_nodes))} node(s) "
                       f"({', '.join(sorted({f'{ip} {node_id[:8]}' for node_id, ip in nodes}))})")
-        self.engine = RayEngine(self.router, self.learner if by_collective else None)
+        self.engine = RayEngine(self.router, self.learner if by_collective else None, sleep_during_step=bool(co))
         self.rollout = RayRollouts(workers)
 
     def _group(self, bundles: list[dict], strategy: str):
