@@ -14,7 +14,10 @@ The simulated parts (PARAMS below; `--params` replaces any of them):
 - a rollout: a sandbox start, a number of turns from a log-normal around `turns_median`, each
   turn `new_tokens` sampled and `obs_tokens` of observation after a tool call whose latency is a
   Pareto(`tool_alpha`) draw from `tool_scale_s` (at most `tool_max_s`), then the tests;
-- a learner step of `learner_overhead_s` plus the batch's tokens at `learner_tok_s`.
+- a learner step of `learner_overhead_s` plus the batch's tokens at `learner_tok_s` (times
+  `critic_factor` for SAO, whose critic is updated too).
+Each value's source is in SOURCES (and in the result): public figures where there are any,
+said as not sourced where there are none.
 A rollout's trajectory holds one sampled token per turn (carrying that turn's policy version, so
 the stream's staleness is the real computation) and its simulated token counts in `info`.
 
@@ -47,29 +50,64 @@ from training.orchestrator import Orchestrator, RunConfig, Source, TaskSampler
 
 console = Console(stderr=True)
 
-# Simulated seconds and tokens. PROVISIONAL: rough figures for Qwen3-30B-A3B on H100s and
-# SWE-agent-style rollouts, not yet each tied to a public source; BENCHMARKS.md will name the
-# source of every value the published table uses (--params replaces any of them).
+# Simulated seconds and tokens: Qwen3-30B-A3B at the two-node layout of docs/cluster.md (two
+# engine replicas of 2 H200 each, a learner on 12 H200), SWE rollouts of a SWE-agent-style
+# scaffold. Each value's public source (or the lack of one) is in SOURCES; BENCHMARKS.md
+# tabulates them. --params replaces any of them.
 PARAMS = {
-    "replicas": 4,
-    "max_seqs": 256,  # sequences one replica decodes at once
-    "decode_table": [[1, 100.0], [8, 650.0], [32, 1800.0], [64, 2600.0], [128, 3300.0], [256, 3800.0]],
+    "replicas": 2,
+    "max_seqs": 1024,  # sequences one replica decodes at once
+    "decode_table": [[1, 100.0], [18, 1500.0], [128, 6544.0]],
     "prefill_tok_s": 20000.0,
-    "sync_s": 20.0,
+    "sync_s": 13.0,
     "sandbox_start_s": 5.0,
     "turns_median": 40,
     "turns_sigma": 0.5,
-    "turns_max": 150,
-    "prompt_tokens": 3000,
+    "turns_max": 250,
+    "prompt_tokens": 1500,
     "new_tokens": 250,
-    "obs_tokens": 500,
-    "tool_alpha": 1.5,
-    "tool_scale_s": 0.5,
+    "obs_tokens": 800,
+    "tool_alpha": 1.0,
+    "tool_scale_s": 0.3,
     "tool_max_s": 300.0,
     "test_s": 30.0,
-    "learner_overhead_s": 10.0,
-    "learner_tok_s": 24000.0,
+    "learner_overhead_s": 5.0,
+    "learner_tok_s": 17000.0,
+    "critic_factor": 2.0,
     "reward_p": 0.3,
+}
+
+SOURCES = {
+    "replicas": "docs/cluster.md's two-node layout (2 replicas x TP 2 on H200)",
+    "max_seqs": "vLLM 0.32 engine/arg_utils.py get_batch_defaults: max_num_seqs 1024 on GPUs of >= 70 GiB other than A100",
+    "decode_table": ("1 sequence: 104 tok/s, Qwen3-30B-A3B under vLLM on A100, ISL/OSL 128 (tenstorrent/tt-inference-server "
+                     "#340; a lower bound for H200); 18 sequences: ~1,500 tok/s a TP-2 H200 replica (82 tok/s a request, "
+                     "jessicaochen/rl-lab experiments/inference-scheduler, verl + vLLM, 8k prompts); 128: 6,544 = 2 GPUs x "
+                     "3,272 tok/s/GPU measured at TP 8 with 128 sessions (rl-lab docs/scaling-ladder.md), assuming the "
+                     "per-GPU rate carries to TP 2; flat beyond (no figure)"),
+    "prefill_tok_s": "25,292 tok/s at ISL 2048 on A100, concurrency 1 (tt-inference-server #340); prefix caching hits 94% of "
+                     "a turn's prompt in rl-lab's H200 runs, so prefill is a small share either way",
+    "sync_s": ("12-13 s a weight update, verl NCCL from 8 or 16 H200 into vLLM (rl-lab docs/scaling-ladder.md); 10 s after "
+               "slime's optimizations (sglang PR #8751, Qwen3-30B-A3B on H100/H200)"),
+    "sandbox_start_s": "no public start time of a SWE-bench image's container found: a warm start assumed (image present)",
+    "turns_median": ("SWE-agent 1.1 on SWE-Bench Pro: median turns 29 (Gemini 2.5 Pro) to 78 (Claude Sonnet 4.5), limit 250 "
+                     "(nilenso swe-bench-pro-cost-token-time-analysis); a trained 30B-A3B policy takes ~10 (rl-lab): 40 between"),
+    "turns_sigma": "not sourced: spread of the log-normal, p25-p75 of 63-89 and 34-76 in nilenso's per-model tables fit 0.3-0.6",
+    "turns_max": "SWE-agent's 250-turn limit in nilenso's analysis (maxima 215-251)",
+    "prompt_tokens": "1,405 prompt tokens, mini-swe-agent on r2e-gym tasks, Qwen3 tokenizer (rl-lab docs/scaling-ladder.md)",
+    "new_tokens": "Claude Sonnet 4.5: 17,705 visible output tokens over 78 calls, ~227 a turn (nilenso report.txt); a thinking "
+                  "policy writes ~1,200 (rl-lab)",
+    "obs_tokens": "2.8k-4.0k characters of observation a step (nilenso report.txt), at ~4 characters a token",
+    "tool_alpha": ("nilenso: per-step tool time median ~0.5 s, 2.4-3.7% of calls over 10 s, mean tool time a task 266-296 s; "
+                   "Pareto(1.0, 0.3 s) capped at 300 s gives median 0.6 s, 3% over 10 s, mean 2.4 s a step"),
+    "tool_scale_s": "as tool_alpha",
+    "tool_max_s": "not sourced (a tool timeout)",
+    "test_s": "not sourced: no public per-instance grading time found",
+    "learner_overhead_s": "~4 parameter offload/load moves of 0.6-1.9 s a step on 8 H200 (rl-lab experiments/gpu-host-offload)",
+    "learner_tok_s": ("policy update ~12k tok/s on 8 H200, ~22k on 16 (rl-lab: update_actor 1.12-1.25 s and 0.63 s a sample of "
+                      "~13.5k tokens, TP 2 x EP 4, Megatron): ~17k on 12, interpolated"),
+    "critic_factor": "not sourced: SAO's critic is the policy's size, so its update is counted as a second one (x2 for SAO)",
+    "reward_p": "not used by the rates (a reward for the batch's mean)",
 }
 
 
@@ -173,13 +211,14 @@ class SimEngine:
 class SimLearner:
     """A learner step's simulated time from the batch's tokens; the version goes up by one."""
 
-    def __init__(self, p: dict, clock: Clock):
+    def __init__(self, p: dict, clock: Clock, critic: bool = False):
         self.p, self.clock, self.version = p, clock, 0
+        self.factor = p["critic_factor"] if critic else 1.0  # SAO updates a critic of the policy's size too
         self.steps: list[float] = []
 
     def step(self, batch: list[Trajectory], group_ids=None) -> dict:
         tokens = sum(t.info["sim_tokens"] for t in batch)
-        seconds = self.p["learner_overhead_s"] + tokens / self.p["learner_tok_s"]
+        seconds = self.p["learner_overhead_s"] + self.factor * tokens / self.p["learner_tok_s"]
         self.clock.block(seconds)
         self.steps.append(seconds)
         self.version += 1
@@ -229,7 +268,7 @@ def simulate(algo: str, in_flight: int, p: dict, steps: int, batch_size: int, co
              max_staleness: int = 4, seed: int = 0) -> dict:
     """One run of the real orchestrator with the simulated parts: the numbers of its table."""
     clock = Clock(compression)
-    engine, learner = SimEngine(p, clock), SimLearner(p, clock)
+    engine, learner = SimEngine(p, clock), SimLearner(p, clock, critic=algo == "sao")
     group = 8 if algo == "grpo" else 1
     mode = "sync" if algo == "grpo" else "async"
     tasks = [Task(instance_id=f"sim-{i}", repo="sim", base_commit="-", problem_statement="")
@@ -320,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['step_s_mean']:.0f}", f"{r['learner_idle_frac']:.2f}", f"{r['engine_idle_frac']:.2f}",
                       f"{r['staleness_mean']:.2f}", str(r["dropped_stale"]), f"{r['orchestrator_cpu_ms_per_rollout']:.2f}")
     console.print(table)
-    out = {"params": params, "compression": args.compression, "steps": args.steps, "batch_size": args.batch_size,
+    out = {"params": params, "sources": {k: SOURCES[k] for k in params if k in SOURCES}, "compression": args.compression, "steps": args.steps, "batch_size": args.batch_size,
            "results": results}
     write_result(out, args.output)
     return 0

@@ -1,8 +1,12 @@
 """runtime=ray on a Ray cluster the test starts on 127.0.0.1 (a head and a second node process):
 two vLLM CPU engine replicas behind the router, the torch learner on two ranks, four rollout
 workers; an engine replica and a rollout worker killed mid-run. The run goes on until the
-replica is back, then stops cleanly on SIGTERM; both replicas served; the engines' logprobs on freshly sampled tokens match the learner's after every sync;
-no rollout is trained twice or lost to the kills; no container is left."""
+replica is back (given the weights by collective before it serves), then stops cleanly on
+SIGTERM; both replicas served; the engines' logprobs on freshly sampled tokens match the
+learner's after every sync; no rollout is trained twice or lost to the kills; no container is
+left. Also here, since this file's teardown stops every Ray process on the machine (`ray stop`):
+the Megatron learner's ranks sending their shares by collective, the weight-sync benchmark, and
+ray.colocate's placement on declared GPUs."""
 
 import json
 import socket
