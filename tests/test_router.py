@@ -164,7 +164,11 @@ class _Engine:
     def __init__(self):
         self.joined, self.received, self.served, self.fail_next, self.naps = [], [], 0, False, []
 
+    def node_address(self):
+        return "127.0.0.1"
+
     def join_collective(self, info):
+        assert info["host"] == "127.0.0.1" and info["transport"] == "gloo"
         self.joined.append(info["prefix"])
 
     def receive_collective(self, plan, version):

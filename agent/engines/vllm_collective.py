@@ -37,7 +37,7 @@ from vllm.distributed.weight_transfer.base import (
 
 BACKEND = "collective"
 DEFAULT_BUCKET_BYTES = 256 << 20
-C10D = {"cpu": "gloo", "cuda": "nccl"}  # the process group's backend by the device the bytes are on
+TRANSPORTS = ("gloo", "nccl")  # gloo: a bucket's bytes on the CPU; nccl: on the GPU
 
 
 def default_transport() -> str:
@@ -48,21 +48,21 @@ def default_transport() -> str:
 
 def device_of(transport: str) -> str:
     """Where a bucket's bytes are for this transport."""
-    if transport not in C10D.values():
+    if transport not in TRANSPORTS:
         raise ValueError(f"weights by collective go by gloo or nccl, not {transport!r}")
     return "cuda" if transport == "nccl" else "cpu"
 
 
 def open_group(host: str, port: int, prefix: str, rank: int, size: int, timeout_s: float,
-               is_master: bool = False, store: dist.Store | None = None, transport: str | None = None):
+               store: dist.Store | None = None, transport: str | None = None, local_host: str | None = None):
     """A process group of its own, beside whatever default group this process has (a learner's
     ranks, vLLM's tensor-parallel workers): gloo or NCCL (by default: NCCL where there are GPUs).
-    Every member calls this at once; it returns when all have joined. `store`: the learner rank's
-    own TCPStore (it hosts one for all its groups); the engines' workers connect to it by
-    `host`, `port`."""
+    Every member calls this at once; it returns when all have joined. The rendezvous is the
+    learner rank's TCPStore at `host`:`port` (`store`: that rank's own, for itself); gloo binds
+    this process's end to `local_host`, its node's address in the cluster (default `host`)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
-        store = dist.TCPStore(host, port, is_master=is_master, timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore(prefix, store)
     if device_of(transport or default_transport()) == "cuda":
         options = dist.ProcessGroupNCCL.Options()
@@ -70,7 +70,7 @@ def open_group(host: str, port: int, prefix: str, rank: int, size: int, timeout_
         return dist.ProcessGroupNCCL(prefixed, rank, size, options)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host or host)]
     return dist.ProcessGroupGloo(prefixed, rank, size, options)
 
 
@@ -126,6 +126,7 @@ class CollectiveInitInfo(WeightTransferInitInfo):
     workers: int
     timeout_s: float = 600.0
     transport: str = ""  # gloo | nccl; empty: NCCL where there are GPUs
+    host: str = ""  # this replica's node address, where gloo binds (empty: the sender's, one machine)
 
 
 @dataclass
@@ -164,7 +165,8 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
             raise ValueError(f"the plan says {init_info.workers} worker(s) a replica; this engine has {parallel.world_size}")
         self.transport = init_info.transport or default_transport()
         self.groups = [open_group(host, int(port), init_info.prefix, rank, 1 + init_info.workers, init_info.timeout_s,
-                                  transport=self.transport) for host, port in init_info.senders]
+                                  transport=self.transport, local_host=init_info.host or None)
+                       for host, port in init_info.senders]
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload

@@ -205,6 +205,10 @@ class EngineActor:
         await asyncio.to_thread(self.engine.update_weights, weights, version)
         return dict(getattr(self.engine, "last_sync", {}))
 
+    async def node_address(self) -> str:
+        """Where this replica's workers are (one node: STRICT_PACK), as the cluster knows it."""
+        return _node_address()
+
     async def join_collective(self, init_info: dict) -> None:
         await asyncio.to_thread(self.engine.join_collective, init_info)
 
@@ -381,8 +385,13 @@ class RouterActor:
         """Replica i's workers and every learner rank open their groups (a new prefix each time)."""
         self.joins[i] += 1
         prefix = f"replica{i}/join{self.joins[i]}"
+        try:
+            host = await self.engines[i].node_address.remote()
+        except Exception as e:
+            self._out(i, e)
+            return
         info = {"senders": [list(a) for a in self._senders], "prefix": prefix, "workers": self.workers,
-                "timeout_s": self.timeout_s, "transport": self.transport}
+                "timeout_s": self.timeout_s, "transport": self.transport, "host": host}
         results = await asyncio.gather(self.engines[i].join_collective.remote(info),
                                        *[r.open_weight_group.remote(i, prefix, self.workers) for r in self.ranks],
                                        return_exceptions=True)
