@@ -10,7 +10,7 @@ then, by the path:
 - `object_store` (ray.weight_sync=object_store): rank 0 keeps every tensor, puts the list in Ray's
   object store, the engine's actor fetches it;
 - `collective` (ray.weight_sync=collective, the default): each rank packs its share of the plan
-  into buckets and broadcasts them to the engine's worker (agent/engines/vllm_collective.py,
+  into buckets and broadcasts them to the engine's worker (agent/engines/collective.py,
   the code a run uses).
 The engine side drops each tensor once it has it, as a worker's `load_weights` copies it into
 its own weights. Measured: seconds a sync (two syncs, the second reported: the first opens the
@@ -103,7 +103,7 @@ class Rank:
         return [ref] if ref is not None else None, rss.grew
 
     def sender_address(self):
-        from agent.engines.vllm_collective import BucketSender
+        from agent.engines.collective import BucketSender
 
         self.sender = BucketSender(self.rank, "127.0.0.1", 600)
         return self.sender.address
@@ -112,7 +112,7 @@ class Rank:
         self.sender.open(0, prefix, 1)
 
     def plan(self, bucket_bytes: int):
-        from agent.engines.vllm_collective import make_plan
+        from agent.engines.collective import make_plan
 
         return make_plan([(n, "float32", list(s)) for n, s in self.shapes], self.world, bucket_bytes)
 
@@ -134,18 +134,18 @@ class Engine:
         return n
 
     def open(self, senders, prefix: str):
-        from agent.engines.vllm_collective import open_group
+        from agent.engines.collective import open_group
 
         self.groups = [open_group(h, p, prefix, 1, 2, 600) for h, p in senders]
 
     def collective(self, plan) -> int:
-        from agent.engines.vllm_collective import _split, broadcast
+        from agent.engines.collective import broadcast, split
 
         n = 0
         for b in plan:
             buffer = torch.empty(b["nbytes"], dtype=torch.uint8)
             broadcast(self.groups[b["sender"]], buffer)
-            n += sum(t.numel() * t.element_size() for _, t in _split(buffer, b))
+            n += sum(t.numel() * t.element_size() for _, t in split(buffer, b))
         return n
 
 

@@ -1,4 +1,4 @@
-"""Weights by collective (agent/engines/vllm_collective.py) without an engine: the plan, and
+"""Weights by collective (agent/engines/collective.py) without an engine: the plan, and
 learner ranks sending their shares over real gloo groups to receivers that stand for an engine
 replica's workers (they receive and unpack as the worker side does). The end to end case, vLLM
 engines under Ray with the Megatron learner's ranks, is in test_ray_runtime.py."""
@@ -9,8 +9,7 @@ import threading
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="the collective backend is a vLLM weight-transfer backend")
-from agent.engines.vllm_collective import BucketSender, _split, broadcast, make_plan, meta_of, open_group  # noqa: E402
+from agent.engines.collective import BucketSender, broadcast, make_plan, meta_of, open_group, split
 
 
 def weights(seed=0):
@@ -58,7 +57,7 @@ def receive(senders, prefix, plan, results, key, stop_after=None):
             return
         buffer = torch.empty(b["nbytes"], dtype=torch.uint8)
         broadcast(groups[b["sender"]], buffer)
-        got += [(n, t.clone()) for n, t in _split(buffer, b)]
+        got += [(n, t.clone()) for n, t in split(buffer, b)]
     results[key] = got
 
 

@@ -9,9 +9,10 @@ blocking `generate` and async code awaits `agenerate`, both on the same engine.
 Weights move by vLLM's weight-transfer API, in buckets (`agent.engines.vllm_transfer`):
 `inline` on CPU, `ipc` when the learner shares the engine's GPU, `nccl` when they have their
 own, `collective` when runtime=ray's learner ranks send their shares themselves
-(`agent.engines.vllm_collective`). Around a sync the engine pauses (vLLM's pause mode): with `sync_mode=continue` requests in
-flight freeze and go on under the new weights (vLLM records which version sampled each token,
-and so does the trajectory); with `sync_mode=finish` they finish under the old weights first.
+(`agent.engines.collective`, `agent.engines.vllm_collective`). Around a sync the engine pauses
+(vLLM's pause mode): with `sync_mode=continue` requests in flight freeze and go on under the
+new weights (vLLM records which version sampled each token, and so does the trajectory); with
+`sync_mode=finish` they finish under the old weights first.
 """
 
 from __future__ import annotations

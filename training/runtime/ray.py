@@ -14,7 +14,7 @@ What goes where (each a Ray actor, placed by placement groups):
 - **learner ranks** (`ray.learner_ranks`): one actor each, joined in one torch.distributed
   group (NCCL on GPUs, gloo on CPU); every rank gets each step's batch and takes its share
   (data parallel, or the Megatron learner's layout). Weights reach the engines by collective
-  (`ray.weight_sync=collective`, agent/engines/vllm_collective.py): each rank opens a process
+  (`ray.weight_sync=collective`, agent/engines/collective.py): each rank opens a process
   group with each replica's workers (gloo on CPU, NCCL on GPUs) and broadcasts its share of the
   tensors in buckets, so no rank gathers the whole model and nothing goes through the object
   store; a replica Ray restarted joins anew and gets the current weights before it serves.
@@ -589,11 +589,11 @@ class LearnerActor:
         tensors = [(n, t.detach().cpu()) for n, t in run_command(self.learner, self.world, "weights")]
         return [ray.put(tensors), sum(t.numel() * t.element_size() for _, t in tensors)] if self.rank == 0 else None
 
-    # weights by collective (agent/engines/vllm_collective.py): the router calls these on every rank
+    # weights by collective (agent/engines/collective.py): the router calls these on every rank
 
     def weight_sender(self, timeout_s: float, transport: str) -> tuple[str, int]:
         """Hosts this rank's store for its groups with the engines; its address."""
-        from agent.engines.vllm_collective import BucketSender
+        from agent.engines.collective import BucketSender
 
         if self.sender is None:
             self.sender = BucketSender(self.rank, _node_address(), timeout_s, transport)
@@ -604,7 +604,7 @@ class LearnerActor:
 
     def weight_plan(self, bucket_bytes: int) -> list[dict]:
         """The buckets every sync sends, from a walk over the weights (every rank walks them)."""
-        from agent.engines.vllm_collective import make_plan, meta_of
+        from agent.engines.collective import make_plan, meta_of
 
         return make_plan([meta_of(n, t) for n, t in self.learner.weights_for_engine()], self.world, bucket_bytes)
 
