@@ -63,7 +63,7 @@ def rates(out: Path, batch_size: int) -> dict[str, float]:
         "rollouts_per_s": rollouts / span,
         "rollouts_per_hour": 3600 * rollouts / span,
         "seconds_per_step": span / steps,
-        "learner_step_s": mean(r["time/learner_step_s"] for r in rows[1:]),
+        "learner_step_s": mean(r["time/step/learner_s"] for r in rows[1:]),
         "learner_idle_frac": last["time/learner_idle_frac"],
         "engine_idle_frac": last["time/engine_idle_frac"],
         "staleness_mean": mean(r["staleness/mean"] for r in rows),

@@ -135,7 +135,7 @@ def overrides_for(case: str, latency: bool, args: argparse.Namespace) -> list[st
 
 def per_step(out: Path) -> list[dict[str, float]]:
     """A run's timing metrics step by step, kept in the raw JSON."""
-    keys = ("step", "time/elapsed_s", "time/learner_step_s", "time/learner_idle_frac", "time/engine_idle_frac",
+    keys = ("step", "time/elapsed_s", "time/step/learner_s", "time/learner_idle_frac", "time/engine_idle_frac",
             "staleness/mean", "rollout/errors")
     rows = read_jsonl(out / "metrics.jsonl")
     return [{k: row.get(k) for k in keys} for row in rows]

@@ -333,7 +333,6 @@ class Orchestrator:
             synced = self._lagged(self.learner.state_dict_for_engine(), self.learner.version)
             if synced is not None:
                 await self._on(self._learner_thread, self.engine.update_weights, *synced)
-                metrics["time/weight_sync_s"] = time.monotonic() - t1
             sync_s = time.monotonic() - t1  # (a lagged engine's snapshot counts, sent or not)
         now = time.monotonic()
         elapsed = max(now - self._start, 1e-9)
@@ -346,7 +345,6 @@ class Orchestrator:
         metrics.update({
             "time/learner_idle_frac": self._wait_s / elapsed,
             "time/engine_idle_frac": max(0.0, 1 - (self.engine.busy_s - self._engine_busy0) / elapsed),
-            "time/learner_step_s": learn_s,
             "time/elapsed_s": elapsed,
             "rollout/errors": float(self.rollout_errors),
             "rollout/lost": float(self.rollouts_lost),
