@@ -3,7 +3,8 @@ and learner loop as they are, with simulated parts in place of the engine, the s
 learner, and time compressed (`--compression 60`: a simulated hour takes a real minute).
 
     python -m benchmarks.simulate [--in-flight 64 256 1024] [--algos sao grpo] [--steps 8]
-        [--batch-size 128] [--compression 60] [--params FILE.json] [--quick] [--output FILE]
+        [--batch-size 128] [--compression 60] [--params FILE.json] [--max-staleness 4] [--quick]
+        [--output FILE]
 
 The simulated parts (PARAMS below; `--params` replaces any of them):
 - an engine of `replicas` replicas, each sharing its decode rate among the requests it holds
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--compression", type=float, default=60.0, help="simulated seconds per real second")
     p.add_argument("--params", type=Path, help="a JSON object replacing any of PARAMS")
+    p.add_argument("--max-staleness", type=int, default=4, help="trainer.max_staleness (async SAO)")
     p.add_argument("--quick", action="store_true", help="a tiny case (tests): 2 steps of 8, 16 in flight, x2000")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for n in args.in_flight:
         for algo in args.algos:
-            r = simulate(algo, n, params, args.steps, args.batch_size, args.compression)
+            r = simulate(algo, n, params, args.steps, args.batch_size, args.compression, args.max_staleness)
             console.print(f"{algo} {n} in flight: {r['rollouts_per_hour']:.0f} rollouts/h, step {r['step_s_mean']:.0f} s "
                           f"(real {r['real_s']:.0f} s)")
             results.append(r)
@@ -359,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['step_s_mean']:.0f}", f"{r['learner_idle_frac']:.2f}", f"{r['engine_idle_frac']:.2f}",
                       f"{r['staleness_mean']:.2f}", str(r["dropped_stale"]), f"{r['orchestrator_cpu_ms_per_rollout']:.2f}")
     console.print(table)
-    out = {"params": params, "sources": {k: SOURCES[k] for k in params if k in SOURCES}, "compression": args.compression, "steps": args.steps, "batch_size": args.batch_size,
+    out = {"max_staleness": args.max_staleness, "params": params,
+           "sources": {k: SOURCES[k] for k in params if k in SOURCES}, "compression": args.compression,
+           "steps": args.steps, "batch_size": args.batch_size,
            "results": results}
     write_result(out, args.output)
     return 0

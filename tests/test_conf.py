@@ -161,6 +161,17 @@ def test_bad_values_are_named_with_field_and_value(overrides, named):
     assert named in str(e.value)
 
 
+def test_more_rollouts_in_flight_than_the_staleness_bound_takes_back_is_said_not_refused():
+    from training.config import advice
+
+    assert advice(composed("trainer.num_workers=64", "trainer.batch_size=16")) == []  # 4 steps: within the bound
+    (note,) = advice(composed("trainer.num_workers=1024", "trainer.batch_size=128"))
+    assert "take about 8 steps" in note and "trainer.max_staleness to 8" in note and "trainer.num_workers to 512" in note
+    check(composed("trainer.num_workers=1024", "trainer.batch_size=128"))  # it runs
+    assert advice(composed("trainer.num_workers=1024", "trainer.batch_size=128", "trainer.stale_policy=keep")) == []
+    assert advice(composed("trainer.num_workers=1024", "trainer.batch_size=128", "trainer.mode=sync")) == []
+
+
 def test_local_rank_timeout_must_be_positive():
     assert composed().local.rank_timeout_s == 14400  # 4 hours: past a batch of SWE rollouts
     with pytest.raises(ConfigError, match="local.rank_timeout_s"):

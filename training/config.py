@@ -132,6 +132,22 @@ def _check_sandbox(sandbox) -> None:
         _fail("sandbox.warm_pool", warm, "must be a whole number >= 0 (started containers kept ready per image; 0: none)")
 
 
+def advice(cfg: DictConfig) -> list[str]:
+    """Settings that run but work against themselves: said at start, not refused."""
+    t, notes = cfg.trainer, []
+    if t.mode == "async" and t.stale_policy == "drop" and not t.get("batch_tokens") \
+            and t.num_workers > t.max_staleness * t.batch_size:
+        # a rollout is taken about num_workers / batch_size steps after it starts (Little's law):
+        # past the bound, the long ones are the ones dropped (benchmarks.simulate: 33% of the finished
+        # rollouts dropped at 1,024 in flight, 128 a step, bound 4; 6% with bound 8)
+        notes.append(f"trainer.num_workers={t.num_workers} rollouts in flight at trainer.batch_size={t.batch_size} a step "
+                     f"take about {t.num_workers / t.batch_size:.0f} steps to come back, beyond trainer.max_staleness="
+                     f"{t.max_staleness}: the long rollouts will be dropped as too stale. Raise trainer.max_staleness "
+                     f"to {-(-t.num_workers // t.batch_size)} or lower trainer.num_workers to "
+                     f"{t.max_staleness * t.batch_size} (BENCHMARKS.md, the orchestrator in simulated time)")
+    return notes
+
+
 def check(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work."""
     t = cfg.trainer

@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from agent.engines.base import ContextTooLong
 from sandbox.base import SandboxError
 from sandbox.docker import client as docker_client
-from training.config import ConfigError, check
-from training.console import say_error
+from training.config import ConfigError, advice, check
+from training.console import console, say_error
 from training.factories import check_engine_context
 from training.learners.base import LayoutError
 from training.lifecycle import train
@@ -40,6 +40,9 @@ def run(cfg: DictConfig) -> int:
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
         check(cfg)
+        if is_rank0:
+            for note in advice(cfg):
+                console.print(f"[yellow]note:[/yellow] {note}")
         check_layout(cfg)  # with CUDA: the memory plan must fit the GPUs (training/plan.py)
         check_engine_context(cfg)  # the engine's context within the model's positions
         if cfg.runtime != "ray" and is_rank0:  # (on Ray each node's workers ask theirs)
