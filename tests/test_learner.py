@@ -231,6 +231,32 @@ def test_policy_loss_is_the_whole_batchs_mean_in_micro_batches(tiny, token_mean)
     assert m["sao/kept_frac"] == pytest.approx(float(kept.sum() / batch.loss_mask.sum()), rel=1e-4)
 
 
+@pytest.mark.parametrize("algo", ["sao_sampled", "sao_seq_mean", "grpo"])
+def test_pi_old_from_the_update_s_own_forward_changes_nothing_but_the_pass(tiny, algo):
+    """With one policy mini-batch and a mean that does not count kept tokens, the learner takes
+    pi_old from its update's own forward instead of a pass of its own: the same update, the same
+    metrics, one forward fewer (no policy_forward phase)."""
+    def make():
+        if algo == "grpo":
+            return TorchLearner(tiny, GRPO(group_size=2, lr_policy=1e-3, policy_minibatches=1), micro_batch_tokens=40)
+        mean = "sampled" if algo == "sao_sampled" else "seq_mean_token_mean"
+        return TorchLearner(tiny, SAO(critic_warmup_steps=0, lr_policy=1e-3, token_mean=mean), micro_batch_tokens=40)
+
+    saved, apart = make(), make()
+    apart._pi_old_first = lambda updates_policy: True  # the separate pass, as with a mean over kept tokens
+    if saved.critic is not None:
+        apart.critic.load_state_dict(saved.critic.state_dict())
+    groups = [0, 0, 1, 1] if algo == "grpo" else None
+    for _ in range(2):
+        ms, ma = saved.step(BATCH, groups), apart.step(BATCH, groups)
+        ps, pa = params(saved.policy), params(apart.policy)
+        assert max((ps[k] - pa[k]).abs().max().item() for k in ps) < 1e-6
+        for key, value in ma.items():
+            if not key.startswith("time/"):
+                assert ms[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        assert "time/learner/policy_forward_s" in ma and "time/learner/policy_forward_s" not in ms
+
+
 def test_process_group_is_made_with_the_rank_timeout(monkeypatch):
     """torchrun's followers wait in a broadcast from start-up to rank 0's first command (engine
     start, datasets, a batch of rollouts): the group takes `local.rank_timeout_s`, not NCCL's
@@ -269,7 +295,7 @@ def test_values_after_critic_gives_advantages_from_the_updated_critic(tiny, monk
     monkeypatch.setattr(learner.algo, "advantages", spy)
     used = []
     real_update = learner._policy_update
-    monkeypatch.setattr(learner, "_policy_update", lambda b, adv, old: used.append(adv.clone()) or real_update(b, adv, old))
+    monkeypatch.setattr(learner, "_policy_update", lambda b, adv, old, **kw: used.append(adv.clone()) or real_update(b, adv, old, **kw))
     m = learner.step(BATCH)
     batch = learner._to(pack(BATCH))
     with torch.no_grad():  # the critic's values now (the policy update does not touch it)

@@ -110,14 +110,16 @@ class TorchLearner:
             parts = self._micro_batches(batch, mine)
         n_sampled = max(batch.num_sampled, 1)  # of the whole batch, on every rank
         B, L = batch.input_ids.shape
-        with self._phase("policy_forward"), torch.no_grad():
-            old_logp = torch.zeros(B, L, device=self.device)
-            for rows in parts:
-                mb = batch.select(rows)
-                old_logp[torch.tensor(rows), : mb.input_ids.shape[1]] = self._logprobs(mb)
-            # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's, so
-            # each rank computes the same advantages
-            collectives.sum_(old_logp)
+        updates_policy = self.critic is None or self.algo.policy_updates_at(self.step_count)
+        old_logp = torch.zeros(B, L, device=self.device)
+        ahead = self._pi_old_first(updates_policy)
+        if ahead:
+            with self._phase("policy_forward"), torch.no_grad():
+                for rows in parts:
+                    mb = batch.select(rows)
+                    old_logp[torch.tensor(rows), : mb.input_ids.shape[1]] = self._logprobs(mb)
+                # every rank filled its own rows (zeros elsewhere): the sum is the whole batch's
+                collectives.sum_(old_logp)
         values = self._critic_values(batch, parts) if self.critic is not None else None
         with self._phase("advantages"):
             advantages, returns = self.algo.advantages(batch, values)
@@ -137,11 +139,15 @@ class TorchLearner:
                     advantages, _ = self.algo.advantages(batch, after)
                 metrics["value/explained_var_after"] = losses.value_loss(
                     after, returns, batch.loss_mask)[1]["value/explained_var"]
+        # the critic-only warm-up exists for a critic; the running-mean baseline has none to wait for
+        if updates_policy:
+            update = self._policy_update(batch, advantages, old_logp, fill=not ahead)
+            if not ahead:
+                collectives.sum_(old_logp)  # (each rank filled its rows in the update's forward)
         # the explained variance is the values' before this batch's critic updates (out of sample)
         metrics.update(batch_metrics(batch, old_logp, advantages, values, returns, self.version))
-        # the critic-only warm-up exists for a critic; the running-mean baseline has none to wait for
-        if self.critic is None or self.algo.policy_updates_at(self.step_count):
-            metrics.update(self._policy_update(batch, advantages, old_logp))
+        if updates_policy:
+            metrics.update(update)
             self.version += 1
         else:  # no update (so no loss logged), but the same health metrics: mask fractions, ratio
             metrics.update(policy_health(self.algo, batch, advantages, old_logp, n_sampled))
@@ -152,6 +158,15 @@ class TorchLearner:
         metrics.update(self._phase.metrics("time/learner"))
         metrics["time/learner/total_s"] = time.perf_counter() - t0
         return metrics
+
+    def _pi_old_first(self, updates_policy: bool) -> bool:
+        """Whether pi_old (the policy's logprobs before this step's update) takes a forward pass
+        of its own: where the update needs it before it starts (a mean over kept tokens counts
+        them first; a second policy mini-batch's pi_old is the weights before the first) or makes
+        none. Else the update's own forward, detached, gives the same numbers for the metrics
+        (and GRPO's ratio), and the pass is saved."""
+        return (not updates_policy or getattr(self.algo, "policy_minibatches", 1) > 1
+                or getattr(self.algo, "token_mean", "sampled") == "kept")
 
     def _critic_values(self, batch: Batch, parts: list[list[int]]) -> torch.Tensor:
         """[B, L] the critic's values for the whole batch: this rank's rows, summed over ranks."""
@@ -196,7 +211,7 @@ class TorchLearner:
             return []
         return [[rows[i] for i in part] for part in micro_batch_rows(batch.select(rows), self.micro_batch_tokens)]
 
-    def _policy_update(self, batch, advantages, old_logp) -> dict[str, float]:
+    def _policy_update(self, batch, advantages, old_logp, fill: bool = False) -> dict[str, float]:
         """`algo.policy_minibatches` optimizer steps, each over its share of the batch's rows
         (one: the whole batch), each share split over the ranks as a batch is. pi_old stays the
         weights at the start of the step, so from the second mini-batch on the ratio moves and
@@ -210,15 +225,19 @@ class TorchLearner:
             n_loss = max(self.algo.loss_units(batch, share, old_logp), 1.0)  # the share's token-mean denominator
             n_sampled = max(float(batch.loss_mask[share].sum()), 1.0)  # metrics are means over sampled tokens
             for k, v in self._policy_step(batch, self._micro_batches(batch, mine), advantages, old_logp,
-                                          n_loss, n_sampled).items():
+                                          n_loss, n_sampled, fill).items():
                 acc[k] += v / M
         return dict(acc)
 
-    def _policy_step(self, batch, parts, advantages, old_logp, n_loss, n_sampled) -> dict[str, float]:
+    def _policy_step(self, batch, parts, advantages, old_logp, n_loss, n_sampled, fill=False) -> dict[str, float]:
+        """`fill`: pi_old is this forward's own logprobs (one mini-batch: the weights are still
+        those at the start of the step), written into `old_logp` for the step's metrics."""
         def loss_of(rows, mb):
             n = mb.input_ids.shape[1]
-            return self.algo.policy_loss(self._logprobs(mb), mb, _rows(advantages, rows, n), _rows(old_logp, rows, n),
-                                         n_loss)
+            logp = self._logprobs(mb)
+            if fill:
+                old_logp[torch.tensor(rows), :n] = logp.detach()
+            return self.algo.policy_loss(logp, mb, _rows(advantages, rows, n), _rows(old_logp, rows, n), n_loss)
 
         return self._update("policy", self.policy, self.policy_opt, batch, parts, loss_of, n_sampled)
 
