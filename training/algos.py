@@ -39,9 +39,10 @@ class SAO:
     lr_critic: float = 5e-6
     mask: bool = True  # ablation switch: False keeps every token (no band)
     policy_minibatches: int = 1  # optimizer steps per learner step, each on its share of the batch
-    # what the policy loss is a mean over: the batch's kept tokens (DESIGN), its sampled tokens,
-    # or each trajectory's mean over its sampled tokens, then the mean over trajectories
-    token_mean: str = "kept"
+    # what the policy loss is a mean over: each trajectory's mean over its sampled tokens, then the
+    # mean over trajectories (measured best: BENCHMARKS.md, SAO's stability), the batch's kept
+    # tokens (DESIGN's reading), or its sampled tokens
+    token_mean: str = "seq_mean_token_mean"
     values_after_critic: bool = False  # advantages from the values after the K critic updates
     name: str = "sao"
     group_size: int = 1
@@ -132,7 +133,7 @@ class GRPO:
     # (verl's ppo_mini_batch_size): with one the ratio is exactly 1 and the clip never binds
     policy_minibatches: int = 4
     token_mean: str = "sampled"  # or seq_mean_token_mean: each trajectory's token mean, then their mean
-    group_std: str = "population"  # the group's standard deviation: population (divisor G) or unbiased (G - 1)
+    group_std: str = "unbiased"  # the group's standard deviation: unbiased (divisor G - 1) or population (G)
     name: str = "grpo"
     uses_critic: bool = False
     critic_steps: int = 0
@@ -177,14 +178,14 @@ class GRPO:
 class GRPODIS:
     """GRPO's group-normalised advantages, SAO's DIS loss: each token's ratio is against the
     logprob its sampler gave it, tokens outside 1 - eps_low < r < 1 + eps_high are dropped (no
-    clip, no pi_old), and the loss is a mean over the kept tokens, as in SAO."""
+    clip, no pi_old), and the loss is averaged as SAO's is (`token_mean`)."""
 
     group_size: int = 8  # rollouts per prompt
     eps_low: float = 0.8  # SAO's coding / SWE band
     eps_high: float = 3.0
     mask: bool = True  # False: no band (the ratio unbounded): an ablation, not a baseline
-    token_mean: str = "kept"
-    group_std: str = "population"
+    token_mean: str = "seq_mean_token_mean"  # as SAO
+    group_std: str = "unbiased"
     lr_policy: float = 1e-6
     policy_minibatches: int = 1  # the ratio is against the sampler either way
     name: str = "grpo_dis"
