@@ -352,6 +352,8 @@ class RouterActor:
                 targets = [i for i in range(len(self.engines)) if self.balancer.alive[i] or i in self.pending]
             else:
                 targets = [i for i in only if i in self.pending]
+                if not targets:  # a sync meanwhile brought them back
+                    return
             for i in targets:
                 if not self.joined[i]:
                     await self._join(i)
