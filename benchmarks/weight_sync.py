@@ -139,14 +139,9 @@ class Engine:
         self.groups = [open_group(h, p, prefix, 1, 2, 600) for h, p in senders]
 
     def collective(self, plan) -> int:
-        from agent.engines.collective import broadcast, split
+        from agent.engines.collective import receive
 
-        n = 0
-        for b in plan:
-            buffer = torch.empty(b["nbytes"], dtype=torch.uint8)
-            broadcast(self.groups[b["sender"]], buffer)
-            n += sum(t.numel() * t.element_size() for _, t in split(buffer, b))
-        return n
+        return sum(t.numel() * t.element_size() for _, tensors in receive(self.groups, plan, "cpu") for _, t in tensors)
 
 
 def available_bytes() -> int:

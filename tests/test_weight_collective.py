@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from agent.engines.collective import BucketSender, broadcast, make_plan, meta_of, open_group, split
+from agent.engines.collective import BucketSender, make_plan, meta_of, open_group, receive
 
 
 def weights(seed=0):
@@ -46,18 +46,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def receive(senders, prefix, plan, results, key, stop_after=None):
+def worker(senders, prefix, plan, results, key, stop_after=None):
     """One engine worker's side: a group per sender, every bucket in plan order."""
     groups = [open_group(host, port, prefix, 1, 2, 30) for host, port in senders]
     got = []
-    for i, b in enumerate(plan):
-        if stop_after is not None and i == stop_after:
-            groups.clear()  # this replica goes away mid-sync
-            results[key] = got
-            return
-        buffer = torch.empty(b["nbytes"], dtype=torch.uint8)
-        broadcast(groups[b["sender"]], buffer)
-        got += [(n, t.clone()) for n, t in split(buffer, b)]
+    buckets = plan if stop_after is None else plan[:stop_after]
+    got += [(n, t.clone()) for _, tensors in receive(groups, buckets, "cpu") for n, t in tensors]
+    groups.clear()  # (with stop_after: this replica goes away mid-sync)
     results[key] = got
 
 
@@ -83,7 +78,7 @@ def test_ranks_walking_a_collective_in_step_send_their_shares_to_two_replicas():
             senders[k].open(r, f"replica{r}", 1)
         sent[k] = senders[k].send(walk(), plan, [0, 1])
 
-    threads = [threading.Thread(target=receive, args=(addresses, f"replica{r}", plan, results, r)) for r in (0, 1)]
+    threads = [threading.Thread(target=worker, args=(addresses, f"replica{r}", plan, results, r)) for r in (0, 1)]
     threads += [threading.Thread(target=rank, args=(k,)) for k in (0, 1)]
     for t in threads:
         t.start()
@@ -112,8 +107,8 @@ def test_a_replica_gone_mid_sync_is_reported_and_the_other_still_gets_every_tens
         sender.open(1, "b", 1)
         sent[0] = sender.send(iter(w), plan, [0, 1])
 
-    threads = [threading.Thread(target=receive, args=([sender.address], "a", plan, results, 0)),
-               threading.Thread(target=receive, args=([sender.address], "b", plan, results, 1), kwargs={"stop_after": 2}),
+    threads = [threading.Thread(target=worker, args=([sender.address], "a", plan, results, 0)),
+               threading.Thread(target=worker, args=([sender.address], "b", plan, results, 1), kwargs={"stop_after": 2}),
                threading.Thread(target=rank)]
     for t in threads:
         t.start()

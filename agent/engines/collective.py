@@ -108,6 +108,16 @@ def meta_of(name: str, tensor: torch.Tensor) -> tuple[str, str, list[int]]:
     return name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)
 
 
+def receive(groups: list, plan: list[dict[str, Any]], device: str):
+    """An engine worker's side of one sync: every bucket of `plan`, in its order, from its
+    sender's group (`groups[k]`: this worker's group with learner rank k); yields each bucket and
+    its tensors (views into the bucket's buffer)."""
+    for b in plan:
+        buffer = torch.empty(int(b["nbytes"]), dtype=torch.uint8, device=device)
+        broadcast(groups[int(b["sender"])], buffer)
+        yield b, split(buffer, b)
+
+
 def split(buffer: torch.Tensor, bucket: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """A received bucket's tensors: views into its buffer, by the plan's names, dtypes, shapes."""
     out, offset = [], 0

@@ -18,7 +18,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from agent.engines.collective import broadcast, default_transport, device_of, open_group, split
+from agent.engines.collective import default_transport, device_of, open_group, receive
+from agent.engines.vllm_reload import LayerwiseReload
 
 BACKEND = "collective"
 
@@ -52,7 +53,8 @@ class CollectiveUpdateInfo(WeightTransferUpdateInfo):
                                  f"{len(b['shapes'])} shapes")
 
 
-class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, CollectiveUpdateInfo]):
+class CollectiveWeightTransferEngine(LayerwiseReload,
+                                     WeightTransferEngine[CollectiveInitInfo, CollectiveUpdateInfo]):
     """Worker side: joins a group per learner rank, receives every bucket of the plan from its
     sender, loads it (vLLM's layerwise reload around the whole sync, as its NCCL backend)."""
 
@@ -75,16 +77,6 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
                                   transport=self.transport, local_host=init_info.host or None)
                        for host, port in init_info.senders]
 
-    def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
-
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        finalize_layerwise_reload(self.model, self.model_config)
-
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class ends with torch.accelerator.synchronize(), which a CPU build lacks;
         # each bucket's broadcast is waited for before it is loaded
@@ -99,11 +91,7 @@ class CollectiveWeightTransferEngine(WeightTransferEngine[CollectiveInitInfo, Co
         names = {n for b in update_info.buckets for n in b["names"]}
         alias_head = tied and "lm_head.weight" not in names  # vLLM keeps its own copy of a tied head
         self.received_bytes = 0
-        device = device_of(self.transport)
-        for b in update_info.buckets:
-            buffer = torch.empty(int(b["nbytes"]), dtype=torch.uint8, device=device)
-            broadcast(self.groups[int(b["sender"])], buffer)
-            tensors = split(buffer, b)
+        for b, tensors in receive(self.groups, update_info.buckets, device_of(self.transport)):
             if alias_head:
                 tensors += [("lm_head.weight", t) for n, t in tensors if n == "model.embed_tokens.weight"]
             self.model.load_weights(tensors)

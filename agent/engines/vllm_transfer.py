@@ -30,6 +30,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from agent.engines.vllm_reload import LayerwiseReload
+
 BACKEND = "inline"
 DEFAULT_BUCKET_BYTES = 256 << 20
 
@@ -80,7 +82,7 @@ def unpack(info: InlineUpdateInfo) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpdateInfo]):
+class InlineWeightTransferEngine(LayerwiseReload, WeightTransferEngine[InlineInitInfo, InlineUpdateInfo]):
     """Worker side: each bucket is loaded through the model's `load_weights` inside vLLM's
     layerwise reload (started and finished around the buckets, as vLLM's IPC backend does)."""
 
@@ -89,16 +91,6 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
 
     def init_transfer_engine(self, init_info: InlineInitInfo) -> None:
         pass
-
-    def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
-
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        finalize_layerwise_reload(self.model, self.model_config)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class ends with torch.accelerator.synchronize(), which a CPU build lacks;

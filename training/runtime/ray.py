@@ -318,16 +318,8 @@ class RouterActor:
         """`box`: [an object ref of the (name, tensor) list], so each replica fetches it itself."""
         self.latest = (box, version)
         t0 = time.monotonic()
-        live = [i for i, up in enumerate(self.balancer.alive) if up]
-        results = await asyncio.gather(*[self.engines[i].update_weights.remote(box[0], version) for i in live],
-                                       return_exceptions=True)
-        for i, r in zip(live, results):
-            if isinstance(r, BaseException):
-                if not is_dead_engine(r):
-                    raise r
-                self._died(i, r)  # it gets these weights when it is back
+        syncs = await self._each_live("update_weights", box[0], version)  # one that died gets them when it is back
         self.version = version
-        syncs = [r for r in results if isinstance(r, dict)]
         self.last_sync = {"engine/sync_s": time.monotonic() - t0,
                           "engine/sync_bytes": float(sum(s.get("engine/sync_bytes", 0.0) for s in syncs))}
 
@@ -424,14 +416,18 @@ class RouterActor:
     async def wake_up(self) -> None:
         await self._each_live("wake_up")
 
-    async def _each_live(self, method: str) -> None:
+    async def _each_live(self, method: str, *args) -> list:
+        """`method(*args)` on every live replica at once; the answers of those that gave one. A
+        replica that died is set aside (Ray restarts it); any other error is the caller's."""
         live = [i for i, up in enumerate(self.balancer.alive) if up]
-        results = await asyncio.gather(*[getattr(self.engines[i], method).remote() for i in live], return_exceptions=True)
+        results = await asyncio.gather(*[getattr(self.engines[i], method).remote(*args) for i in live],
+                                       return_exceptions=True)
         for i, r in zip(live, results):
             if isinstance(r, BaseException):
                 if not is_dead_engine(r):
                     raise r
                 self._died(i, r)
+        return [r for r in results if not isinstance(r, BaseException)]
 
     async def get_version(self) -> int:
         return self.version
