@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from rich.table import Table
 from transformers import TrainerCallback
 
 from benchmarks.common import read_jsonl
+from benchmarks.cpu import GROUPS, CpuAccount, count_lines, window
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(stderr=True)
@@ -65,16 +67,31 @@ def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
            f"trainer.checkpoint_every={args.steps}", f"engine={args.engine}", "resume=false",
            f"output_dir={out}", f"run_id=bench-peer-{algo}-{int(time.time())}", *args.overrides]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    account = CpuAccount(proc.pid, count_lines(out / "metrics.jsonl")).start() if args.cpu else None
+    _, stderr = proc.communicate()
     process_s = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{algo} run failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
+    samples = account.stop() if account else None
+    if proc.returncode != 0:
+        raise SystemExit(f"{algo} run failed ({' '.join(cmd)}):\n{stderr[-3000:]}")
     rows = read_jsonl(out / "metrics.jsonl")
     curve = [{"step": row["step"], "samples": row["step"] * args.batch_size, "reward": row["reward/mean"],
               "elapsed_s": row["time/elapsed_s"],
               **{k: row[k] for k in row if k.startswith(("time/step/", "time/share/", "time/rollout/", "time/learner/"))}}
              for row in rows]
-    return {"curve": curve, "process_s": process_s}
+    return {"curve": curve, "process_s": process_s, **cpu_of(samples, args)}
+
+
+def cpu_of(samples: list[dict] | None, args: argparse.Namespace) -> dict:
+    """With --cpu: the machine's CPU seconds by group (benchmarks/cpu.py) from the end of the
+    first step to the end of the last, in all and per sample."""
+    if samples is None:
+        return {}
+    cut = window(samples, 1, args.steps)
+    if cut is None:
+        return {"cpu": None}
+    n = (args.steps - 1) * args.batch_size
+    return {"cpu": {"seconds": cut, "per_sample": {k: v / n for k, v in cut.items() if k != "wall_s"}}}
 
 
 # -- TRL's run -------------------------------------------------------------------------------
@@ -153,11 +170,13 @@ def trl_run(cfg, model_path: str, args: argparse.Namespace, out: Path) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=prefer_reward, args=trl_args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[log])
     trainer.remove_callback(PrinterCallback)  # its per-step dicts; RewardLog prints one line a step
+    account = CpuAccount(os.getpid(), lambda: len(log.rows)).start() if args.cpu else None
     try:
         trainer.train()
     finally:
         pool.close()
-    return {"curve": log.rows, "process_s": time.monotonic() - t0,
+        samples = account.stop() if account else None
+    return {"curve": log.rows, "process_s": time.monotonic() - t0, **cpu_of(samples, args),
             "settings": {k: getattr(trl_args, k) for k in (
                 "learning_rate", "lr_scheduler_type", "num_generations", "per_device_train_batch_size",
                 "steps_per_generation", "generation_batch_size", "max_steps", "max_completion_length",
@@ -243,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16, help="samples per step, a multiple of 8 (a GRPO group)")
     p.add_argument("--engine", default="auto", help="the project's engine (auto: vLLM where installed)")
     p.add_argument("--quick", action="store_true", help="2 steps of 8 samples each, engine hf, a 10-step SFT (tests)")
+    p.add_argument("--cpu", action="store_true", help="also account the machine's CPU seconds per sample by "
+                   "process group (trainer, engine, Docker, containers: benchmarks/cpu.py), from step 1 to the last")
     p.add_argument("--output", type=Path, help="the raw curves and summaries as JSON")
     p.add_argument("--plot", type=Path, help="reward vs samples and vs wall seconds (PNG)")
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for all three runs (model.* too)")
@@ -282,6 +303,18 @@ def main(argv: list[str] | None = None) -> int:
                       f"{s['samples_per_s']:.2f}", f"{s['train_s']:.0f}", f"{s['process_s']:.0f}")
     Console(width=140).print(table)
     Console(width=140).print("settings not matched:\n" + "\n".join(f"- {u}" for u in UNMATCHED))
+    if args.cpu:
+        cpu = Table(title="the machine's CPU seconds per sample, by process group, from the end of step 1 to the last "
+                          "(benchmarks/cpu.py)")
+        for col in ("run", *GROUPS, "busy", "wall s / sample"):
+            cpu.add_column(col, justify="left" if col == "run" else "right")
+        for name in RUNS:
+            c = results[name].get("cpu")
+            if c:
+                per = c["per_sample"]
+                cpu.add_row(LABELS[name], *(f"{per[g]:.3f}" for g in (*GROUPS, "busy")),
+                            f"{c['seconds']['wall_s'] / ((args.steps - 1) * args.batch_size):.3f}")
+        Console(width=160).print(cpu)
     report = {"steps": args.steps, "batch_size": args.batch_size, "engine": args.engine, "model": model_path,
               "trl_version": trl.__version__, "lr_policy": cfg.model.algo_overrides.lr_policy,
               "max_new_tokens": cfg.sources[0].agent.max_new_tokens, "unmatched": UNMATCHED, "runs": results}

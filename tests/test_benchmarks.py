@@ -294,3 +294,30 @@ def test_weight_drift_measures_the_distance_moved_and_adams_own_step(tmp_path):
     save_file({"w": torch.zeros(5), "b": torch.zeros(2)}, str(tmp_path / "step_9" / "model.safetensors"))
     with pytest.raises(ValueError, match=r"w is \(4,\) against \(5,\)"):
         drift([run_dir / "checkpoints" / "step_2", tmp_path / "step_9"])
+
+
+def test_cpu_account_puts_a_childs_cpu_in_the_engine_group_and_cuts_a_window():
+    """benchmarks/cpu.py: a child of the watched process that burns 0.5 s of CPU shows in the
+    `engine` group (a run's descendants) by about that much; the window cut by progress."""
+    import os
+    import time
+
+    from benchmarks.cpu import GROUPS, CpuAccount, window
+
+    burn = "import time\nwhile time.process_time() < 0.5: pass"
+    marks = {"n": 0}
+    account = CpuAccount(os.getpid(), lambda: marks["n"], interval_s=0.05).start()
+    marks["n"] = 1
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    time.sleep(0.2)  # a sample sees the child alive (a process's time is read while it lives)
+    child.wait()
+    time.sleep(0.2)
+    marks["n"] = 2
+    time.sleep(0.2)
+    samples = account.stop()
+    cut = window(samples, 1, 2)
+    assert cut is not None and set(GROUPS) <= set(cut) and cut["wall_s"] > 0
+    # the child's CPU is at least what it burned in the last sample that saw it alive
+    assert 0.2 <= cut["engine"] <= 2.0, cut
+    assert cut["trainer"] >= 0 and cut["busy"] >= cut["engine"] - 0.1
+    assert window(samples, 1, 3) is None  # progress never reached 3

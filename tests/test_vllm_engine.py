@@ -315,3 +315,40 @@ print(logger.filter(record("RotaryEmbedding")), logger.filter(record("RMSNorm"))
     assert r.returncode == 0, r.stderr[-3000:]
     dropped, kept = r.stdout.split()[-2:]
     assert dropped in ("False", "0") and kept not in ("False", "0"), r.stdout
+
+
+def test_the_plugin_hook_makes_vllms_wait_loop_sleep_instead_of_spinning():
+    """engine.options.spin_sleep_s (agent.engines.vllm.spin_sleep): the engine sets the variable
+    before vLLM starts its processes (0.5 ms on CPU by default); the plugin hook, in each, makes
+    a shared-memory reader's wait sleep that long while vLLM would yield in a loop, and leave
+    the idle wait (the socket) to vLLM. Unset or 0: vLLM's own loop. (The async engine tests
+    above run with the default, so vLLM's processes serve requests and syncs with it.)"""
+    code = """
+import os, time
+from agent.engines.vllm import SPIN_ENV, spin_sleep
+spin_sleep(None)
+default = os.environ[SPIN_ENV]
+os.environ[SPIN_ENV] = "0.25"
+slept = []
+time.sleep = slept.append
+from agent.engines.vllm_transfer import register
+register(); register()  # vLLM may load plugins more than once in a process: wrapped once
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+class Reader:  # read a moment ago: inside vLLM's 1 s busy window
+    last_read, busy_loop_s = time.monotonic(), 1.0
+SpinCondition.wait(Reader())
+print(default, slept, SpinCondition.wait.__vllm_wait__.__name__)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-3:] == ["0.0005", "[0.25]", "wait"], r.stdout
+    untouched = subprocess.run([sys.executable, "-c", "from agent.engines.vllm_transfer import register; register()\n"
+                                "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition\n"
+                                "print(hasattr(SpinCondition.wait, '__vllm_wait__'))"],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT,
+                               env={k: v for k, v in os.environ.items() if k != "SAO_VLLM_SPIN_SLEEP_S"})
+    assert untouched.returncode == 0 and untouched.stdout.split()[-1] == "False", untouched.stderr[-2000:]
+    from agent.engines.vllm import spin_sleep
+
+    with pytest.raises(ValueError, match="spin_sleep_s"):
+        spin_sleep(-1)

@@ -76,6 +76,55 @@ def cpu_workarounds(engine_kwargs: dict, max_model_len: int) -> dict:
     return engine_kwargs
 
 
+SPIN_ENV = "SAO_VLLM_SPIN_SLEEP_S"  # read by the plugin hook in each of vLLM's processes
+
+
+def spin_sleep(seconds: float | None) -> None:
+    """How vLLM's engine-core and worker processes wait for their next message on the shared-
+    memory queues: for 1 s after each message vLLM checks in a loop that yields the core
+    (sched_yield) and then sleeps on a socket. On a GPU machine that loop costs a core nobody
+    else wants; on CPU it spins beside the learner and the sandboxes whenever requests keep
+    coming (the peer benchmark: a third of the machine's CPU per sample, BENCHMARKS.md). With
+    `seconds` the loop sleeps that long between checks instead (each message then waits at most
+    that long more), and after the second the socket as before. `None`: vLLM's yield on CUDA,
+    0.5 ms on CPU. Set here, before the engine starts its processes; applied in each of them by
+    `apply_spin_sleep` (the plugin hook)."""
+    import torch
+
+    if seconds is None:
+        seconds = None if torch.cuda.is_available() else 0.0005
+    if seconds is None:
+        os.environ.pop(SPIN_ENV, None)
+        return
+    if seconds < 0:
+        raise ValueError(f"engine.options.spin_sleep_s {seconds}: seconds, 0 or more (or null: vLLM's own)")
+    os.environ[SPIN_ENV] = str(float(seconds))
+
+
+def apply_spin_sleep() -> None:
+    """In one of vLLM's processes (the plugin hook): its shared-memory queues' readers sleep
+    `SAO_VLLM_SPIN_SLEEP_S` between checks while vLLM would spin (0: vLLM's own yield)."""
+    value = os.environ.get(SPIN_ENV)
+    if value is None or float(value) == 0:
+        return
+    import time
+
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    cls = shm_broadcast.SpinCondition
+    wait = getattr(cls.wait, "__vllm_wait__", cls.wait)
+    pause = float(value)
+
+    def sleepy_wait(self, timeout_ms=None):
+        if time.monotonic() <= self.last_read + self.busy_loop_s:
+            time.sleep(pause)  # vLLM: sched_yield(); the caller checks the queue again after either
+        else:
+            wait(self, timeout_ms)  # idle: vLLM's own sleep on the socket
+
+    sleepy_wait.__vllm_wait__ = wait
+    cls.wait = sleepy_wait
+
+
 def vllm_available() -> bool:
     try:
         import vllm  # noqa: F401
@@ -92,6 +141,7 @@ class VLLMEngine:
         from agent.engines.base import check_context, engine_defaults
 
         check_context(model_path, max_model_len)
+        engine_kwargs.pop("spin_sleep_s", None)  # the async engine's option: this one runs in-process, nothing spins
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
         from vllm import LLM

@@ -58,11 +58,14 @@ class AsyncVLLMEngine:
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 16384,
                  gpu_memory_utilization: float | None = None, seed: int = 0, sync_mode: str = "continue",
                  weight_transfer: str = "auto", bucket_mb: int = 256, sleep_during_step: bool = False,
-                 **engine_kwargs):
+                 spin_sleep_s: float | None = None, **engine_kwargs):
         """`dtype`: auto is bfloat16 on CUDA, float32 on CPU. `gpu_memory_utilization`: vLLM's
         share of the GPU; training computes it from the memory plan (`training.plan`), alone on a
         GPU it is 0.9. `sleep_during_step`: colocated on GPUs, the engine frees its memory (vLLM's
-        sleep mode) while the learner steps. Other keywords go to vLLM's engine args
+        sleep mode) while the learner steps. `spin_sleep_s`: vLLM's processes check for their next
+        message in a loop that yields the core; this sleeps between checks instead
+        (`agent.engines.vllm.spin_sleep`: null is vLLM's yield on CUDA, 0.5 ms on CPU, where the
+        loop took the cores the learner and the sandboxes need). Other keywords go to vLLM's engine args
         (`tensor_parallel_size`, `enforce_eager`: off on CUDA by default, say)."""
         from agent.engines.base import check_context
 
@@ -73,10 +76,11 @@ class AsyncVLLMEngine:
             raise ValueError("engine.options.sleep_during_step needs GPUs (vLLM's sleep mode frees GPU memory); "
                              "on CPU leave it false")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU backend
-        from agent.engines.vllm import _quiet_known_noise, cpu_workarounds
+        from agent.engines.vllm import _quiet_known_noise, cpu_workarounds, spin_sleep
 
         _quiet_known_noise()  # in this process; the engine's own processes get it from the plugin hook
         cpu_workarounds(engine_kwargs, max_model_len)
+        spin_sleep(spin_sleep_s)  # read by the plugin hook in the engine's processes, started below
         from agent.engines.vllm_transfer import register
 
         register()

@@ -233,9 +233,10 @@ def register() -> None:
     holds the model (a worker, or the engine core itself), not by the learner's."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-    from agent.engines.vllm import _quiet_known_noise
+    from agent.engines.vllm import _quiet_known_noise, apply_spin_sleep
 
     _quiet_known_noise()
+    apply_spin_sleep()  # engine.options.spin_sleep_s, set by the engine before it started this process
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, InlineWeightTransferEngine)
