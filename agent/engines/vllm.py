@@ -87,7 +87,7 @@ def spin_sleep(seconds: float | None) -> None:
     coming (the peer benchmark: a third of the machine's CPU per sample, BENCHMARKS.md). With
     `seconds` the loop sleeps that long between checks instead (each message then waits at most
     that long more), and after the second the socket as before. `None`: vLLM's yield on CUDA,
-    0.5 ms on CPU. Set here, before the engine starts its processes; applied in each of them by
+    0.5 ms on CPU; 0: vLLM's yield everywhere. Set here, before the engine starts its processes; applied in each of them by
     `apply_spin_sleep` (the plugin hook)."""
     import torch
 
