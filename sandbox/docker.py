@@ -341,8 +341,7 @@ class DockerSandbox:
             exit_code = -1 if exit_code is None else int(exit_code)
             # Background processes do not outlive their command (this is what stops a fork bomb),
             # nor do those that left its process group (daemons, setsid): nothing runs between commands.
-            self._kill_group(pgid_file)
-            self._kill_all()
+            self._kill_group(pgid_file)  # and then every process left (one exec for both)
         except OSError as e:  # no answer (refused, reset): the engine went away, not the command's doing
             raise SandboxError(f"the Docker engine stopped answering during a command in sandbox {self.id[:12]} "
                                f"(restarted or stopped?): {e}") from e
@@ -392,16 +391,18 @@ class DockerSandbox:
         return r.exit_code not in (0, 126, 127)  # dd refused the write; not "no dd" or "no sh"
 
     def _kill_group(self, pgid_file: str) -> None:
+        """Stop what a command left running: its process group, then every other process but
+        init and the keep-alive (those that left the group: daemons, setsid), in one exec."""
         # Kill again until the group is empty: children forked mid-kill escape one round. Only
         # shell builtins until the group is gone, since a fork bomb leaves no pid to fork with.
         script = (
-            f"[ -s {pgid_file} ] || {{ rm -f {pgid_file}; exit 0; }}; read g < {pgid_file} || exit 1; "
-            "while kill -9 -$g 2>/dev/null; do :; done; "
-            f"rm -f {pgid_file}; true"
+            f"if [ -s {pgid_file} ]; then read g < {pgid_file} || exit 1; "
+            "while kill -9 -$g 2>/dev/null; do :; done; fi; "
+            f"rm -f {pgid_file}; {self._kill_all_script()}"
         )
         for attempt in range(20):  # a fork bomb can hold every pid for a moment: retry
             try:
-                if self._container.exec_run(["bash", "-c", script]).exit_code == 0:
+                if self._container.exec_run(["bash", "-c", script], user="root").exit_code == 0:
                     return
             except docker.errors.APIError:
                 pass
@@ -419,15 +420,17 @@ class DockerSandbox:
         except (docker.errors.APIError, OSError):
             return None
 
+    def _kill_all_script(self) -> str:
+        """Shell that SIGKILLs every process but init, the keep-alive and the shell running it (and
+        its pipeline); exits 0."""
+        return ("me=$$; ps -eo pid=,ppid= | while read p pp; do "
+                f"case $p in 1|$me|{self._keepalive_pid}) continue;; esac; "
+                '[ "$pp" = "$me" ] && continue; kill -9 $p 2>/dev/null; done; true')
+
     def _kill_all(self) -> None:
         """SIGKILL every process but init, the keep-alive and this killer (and its pipeline)."""
-        script = (
-            "me=$$; ps -eo pid=,ppid= | while read p pp; do "
-            f"case $p in 1|$me|{self._keepalive_pid}) continue;; esac; "
-            '[ "$pp" = "$me" ] && continue; kill -9 $p 2>/dev/null; done; true'
-        )
         try:
-            self._container.exec_run(["sh", "-c", script], user="root")
+            self._container.exec_run(["sh", "-c", self._kill_all_script()], user="root")
         except docker.errors.APIError:
             pass
 
