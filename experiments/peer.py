@@ -91,7 +91,7 @@ def cpu_of(samples: list[dict] | None, args: argparse.Namespace) -> dict:
     if cut is None:
         return {"cpu": None}
     n = (args.steps - 1) * args.batch_size
-    return {"cpu": {"seconds": cut, "per_sample": {k: v / n for k, v in cut.items() if k != "wall_s"}}}
+    return {"cpu": {"seconds": cut, "per_sample": {k: v / n for k, v in cut.items()}}}
 
 
 # -- TRL's run -------------------------------------------------------------------------------
@@ -312,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             c = results[name].get("cpu")
             if c:
                 per = c["per_sample"]
-                cpu.add_row(LABELS[name], *(f"{per[g]:.3f}" for g in (*GROUPS, "busy")),
-                            f"{c['seconds']['wall_s'] / ((args.steps - 1) * args.batch_size):.3f}")
+                cpu.add_row(LABELS[name], *(f"{per[g]:.3f}" for g in (*GROUPS, "busy", "wall_s")))
         Console(width=160).print(cpu)
     report = {"steps": args.steps, "batch_size": args.batch_size, "engine": args.engine, "model": model_path,
               "trl_version": trl.__version__, "lr_policy": cfg.model.algo_overrides.lr_policy,
