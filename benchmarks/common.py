@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from training.checkpoint import jsonl_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,8 +25,9 @@ def write_result(result: dict, output: Path | None) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a JSON-lines file (a run's metrics.jsonl, rollouts.jsonl), blank lines skipped."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The JSON objects of a JSON-lines file (a run's metrics.jsonl, rollouts.jsonl), blank
+    lines skipped and a last line still being written left out (`training.checkpoint.jsonl_rows`)."""
+    return jsonl_rows(path)
 
 
 def train(overrides: list[str], out: Path, label: str, resume: bool = False) -> Path:

@@ -83,13 +83,57 @@ def progress(folders: dict[str, Path], steps: int) -> str:
     parts = []
     for name, folder in folders.items():
         try:
-            rows = read_jsonl(folder / "metrics.jsonl")
-        except (FileNotFoundError, json.JSONDecodeError):  # not started yet, or a line half written
+            rows = read_jsonl(folder / "metrics.jsonl")  # a line half written is left out
+        except FileNotFoundError:  # not started yet
             rows = []
         recent = [r["reward/mean"] for r in rows[-10:] if r.get("reward/mean") is not None]
         parts.append(f"{name} step {rows[-1]['step'] if rows else 0}/{steps}"
                      + (f" reward {statistics.mean(recent):.2f}" if recent else ""))
     return "  ".join(parts)
+
+
+def windows(rows: list[dict], width: int) -> list[dict]:
+    """Each stretch of `width` steps (1-50, 51-100, ...; the last may be shorter): its mean
+    reward, its batches' format errors (mean and worst), the largest engine-learner logprob gap
+    and the largest masked (SAO) or clipped (GRPO) share of any of its steps."""
+    out = []
+    for start in range(0, len(rows), width):
+        part = rows[start: start + width]
+        errs = [r["exit/format_errors"] for r in part if r.get("exit/format_errors") is not None]
+        gaps = [r["sao/logprob_mismatch_pre"] for r in part if r.get("sao/logprob_mismatch_pre") is not None]
+        masked = [r["masked"] for r in part if r.get("masked") is not None]
+        out.append({"first_step": part[0]["step"], "last_step": part[-1]["step"],
+                    "reward": statistics.mean(r["reward/mean"] for r in part),
+                    "format_errors_mean": statistics.mean(errs) if errs else None,
+                    "format_errors_max": max(errs) if errs else None,
+                    "gap_max": max(gaps) if gaps else None, "masked_max": max(masked) if masked else None})
+    return out
+
+
+def window_table(runs: dict[str, list[dict]], width: int) -> Table:
+    """`windows` of each run as one table: a row per stretch, a column per run."""
+    def cell(w: dict | None) -> str:
+        if w is None:
+            return ""
+        num = (lambda x, f: "-" if x is None else format(x, f))
+        return (f"{w['reward']:.2f}; {num(w['format_errors_mean'], '.3f')} / {num(w['format_errors_max'], '.2f')}; "
+                f"{num(w['gap_max'], '.3f')}; " + ("-" if w["masked_max"] is None else f"{100 * w['masked_max']:.1f}%"))
+
+    table = Table(title=f"by stretch of {width} steps: reward; format errors a batch, mean / worst; "
+                        "largest engine-learner gap (nats); largest masked or clipped share")
+    table.add_column("steps")
+    for name in runs:
+        table.add_column(name)
+    per_run = {name: windows(rows, width) for name, rows in runs.items()}
+    for i in range(max((len(w) for w in per_run.values()), default=0)):
+        first = i * width + 1
+        row = []
+        for name, ws in per_run.items():
+            w = ws[i] if i < len(ws) else None
+            row.append(cell(w) + (f" ({w['first_step']}-{w['last_step']})" if w and w["last_step"] < first + width - 1
+                                  else ""))
+        table.add_row(f"{first}-{first + width - 1}", *row)
+    return table
 
 
 def plot(runs: dict[str, list[dict]], lag: int, path: Path) -> None:
@@ -136,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     p.add_argument("--report", action="store_true",
                    help="with --run-dir: the table, JSON and plot of the steps its runs have logged so far; runs nothing")
+    p.add_argument("--window", type=int,
+                   help="also a table by stretch of this many steps (reward; format errors a batch, mean and worst; "
+                        "the largest engine-learner gap; the largest masked share), in the JSON too")
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every run")
     args = p.parse_args(argv)
     if args.quick:
@@ -145,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be at least 2, --staleness 0 or more, --batch-size a multiple of 8")
     if args.keep_every is None:
         args.keep_every = 2 * args.checkpoint_every
+    if args.window is not None and args.window < 1:
+        p.error(f"--window must be at least 1 step, got {args.window}")
     if args.checkpoint_every < 1 or args.keep_every < 0 or args.progress_every <= 0:
         p.error("--checkpoint-every must be at least 1, --keep-every 0 or more and --progress-every above 0")
     if args.keep_every % args.checkpoint_every:
@@ -166,11 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.report:
         folders = {name: args.run_dir / run_label(name, args.staleness, args.seed) for name in args.algos}
-        try:
-            runs = {name: derived(kept_rows(folder), args.batch_size) if (folder / "metrics.jsonl").exists() else []
-                    for name, folder in folders.items()}
-        except json.JSONDecodeError:  # a run going on beside this wrote half a line
-            p.error("--report: a metrics line was being written: run it again")
+        # a run going on beside this may be half-way through a line: kept_rows leaves it out
+        runs = {name: derived(kept_rows(folder), args.batch_size) if (folder / "metrics.jsonl").exists() else []
+                for name, folder in folders.items()}
         missing = [str(folders[name]) for name, rows in runs.items() if not rows]
         if missing:
             p.error(f"--report: no steps logged in {', '.join(missing)}")
@@ -234,6 +281,9 @@ def report(runs: dict[str, list[dict]], args) -> int:
     Console(width=160).print(table)
     result = {"experiment": args.experiment, "steps": args.steps, "reached": reached, "staleness": args.staleness,
               "batch_size": args.batch_size, "seed": args.seed, "summary": summary, "runs": runs}
+    if args.window:
+        Console(width=200).print(window_table(runs, args.window))
+        result["windows"] = {"width": args.window, **{name: windows(rows, args.window) for name, rows in runs.items()}}
     if args.output:
         args.output.write_text(json.dumps(result))
     if args.plot:

@@ -210,12 +210,19 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     other = run("experiments.long_run", "--quick", "--staleness", "2", "--seed", "1", "--run-dir", str(runs), *QUICK)
     assert other.returncode == 2 and "seed 0 (now 1)" in other.stderr
     # where the runs stand, without running: steps 1 to 4 of the 10 asked
+    # (a line half written by a run beside it is left out, not refused)
+    with (runs / "sao-lag2-s0" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "rew')
     so_far = run("experiments.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(runs), "--report",
-                 "--output", str(out), *QUICK)
+                 "--window", "3", "--output", str(out), *QUICK)
     assert so_far.returncode == 0, so_far.stderr[-3000:]
-    assert "so far: sao at step 4, grpo at step 4" in so_far.stdout
+    assert "so far: sao at step 4, grpo at step 4" in so_far.stdout and "by stretch of 3 steps" in so_far.stdout
     reported = json.loads(out.read_text())
     assert reported["reached"] == {"sao": 4, "grpo": 4} and reported["runs"] == result["runs"]
+    stretches = reported["windows"]["sao"]
+    assert [(w["first_step"], w["last_step"]) for w in stretches] == [(1, 3), (4, 4)]
+    assert stretches[1]["reward"] == result["runs"]["sao"][3]["reward/mean"]
+    assert stretches[0]["masked_max"] == max(r["masked"] for r in result["runs"]["sao"][:3])
     assert not (runs / "sao-lag2-s0" / "checkpoints" / "step_5").exists()
     nowhere = run("experiments.long_run", "--report", "--run-dir", str(tmp_path / "none"))
     assert nowhere.returncode == 2 and "holds none" in nowhere.stderr

@@ -1,13 +1,16 @@
 """metrics.jsonl and TensorBoard after a resume: what a killed run logged past its checkpoint
-is dropped from both, so each step appears once; and which checkpoints a run keeps."""
+is dropped from both, so each step appears once, a line it was killed half-way through too;
+and which checkpoints a run keeps."""
 
 import json
 import shutil
 import time
 
+import pytest
+
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.checkpoint import Checkpoints, MetricsLog
+from training.checkpoint import Checkpoints, MetricsLog, jsonl_rows
 
 
 class _Learner:  # what Checkpoints.save asks of a learner: write its state into a folder
@@ -47,3 +50,20 @@ def test_a_resumed_log_drops_the_steps_past_the_checkpoint(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 1.0), (2, 12.0), (3, 13.0)]
+
+
+def test_a_line_half_written_is_left_out_and_a_resume_drops_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "x": 1.0}\n{"step": 2, "x": 2.0}\n{"step": 3, "x"')  # killed mid-write
+    assert [r["step"] for r in jsonl_rows(path)] == [1, 2]
+    log = MetricsLog(tmp_path, resume_step=2)
+    log.log(3, {"x": 3.5})
+    log.close()
+    assert [(r["step"], r["x"]) for r in jsonl_rows(path)] == [(1, 1.0), (2, 2.0), (3, 3.5)]
+    assert not list(tmp_path.glob(".*.cut"))
+    # a whole last object without its newline is kept; a broken line before the last is damage
+    path.write_text('{"step": 1}\n{"step": 2}')
+    assert [r["step"] for r in jsonl_rows(path)] == [1, 2]
+    path.write_text('{"step": 1}\n{"step"\n{"step": 3}\n')
+    with pytest.raises(json.JSONDecodeError):
+        jsonl_rows(path)

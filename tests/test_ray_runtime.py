@@ -22,6 +22,7 @@ from conftest import RUN_ID
 
 pytest.importorskip("ray", reason="runtime=ray needs Ray: pip install -e '.[ray]'")
 from agent.engines.vllm import vllm_available  # noqa: E402
+from training.checkpoint import jsonl_rows  # noqa: E402
 
 pytestmark = [pytest.mark.docker,
               pytest.mark.skipif(not vllm_available(), reason="the engine replicas are vLLM (pip install -e '.[vllm]')")]
@@ -64,8 +65,8 @@ def cluster():
 
 
 def rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    path = out / "metrics.jsonl"  # read while the run writes it: a line half written is left out
+    return jsonl_rows(path) if path.exists() else []
 
 
 def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path, docker_client, cluster):
@@ -75,19 +76,37 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
            "ray.rollout_actors=4", "trainer.num_workers=4", "trainer.batch_size=8", "trainer.max_steps=500",
            "trainer.checkpoint_every=10", "model.algo_overrides.critic_warmup_steps=0", f"output_dir={out}",
            f"run_id={RUN_ID}"]
-    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file: a pipe read only at the end could fill and stall the run
+    log_path = tmp_path / "stderr.log"
+
+    def tail() -> str:
+        return log_path.read_text(errors="replace")[-4000:]
+
+    with open(log_path, "w") as log_file:
+        run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file, text=True)
     try:
         deadline = time.monotonic() + 900
         while len(rows(out)) < 2 and run.poll() is None and time.monotonic() < deadline:
             time.sleep(1)
-        assert run.poll() is None, run.stderr.read()[-4000:]
-        # from a process of its own: this one imported Ray before the cluster's token was set
-        kill = ("import ray; ray.init(address=%r, namespace=%r, _node_ip_address='127.0.0.1'); "
-                "ray.kill(ray.get_actor('engine-0'), no_restart=False); "  # Ray restarts it; its requests go elsewhere
-                "ray.kill(ray.get_actor('rollouts-1'), no_restart=False)"  # its rollouts are drawn again
+        assert run.poll() is None, tail()
+        # from a process of its own: this one imported Ray before the cluster's token was set.
+        # The engine replica goes at once (Ray restarts it; its requests go elsewhere); the
+        # rollout worker when one is running a rollout, the busiest (its rollouts are drawn
+        # again): killed at a moment when the loop waits on the learner, none would be lost.
+        kill = ("import ray, time; ray.init(address=%r, namespace=%r, _node_ip_address='127.0.0.1'); "
+                "ray.kill(ray.get_actor('engine-0'), no_restart=False); "
+                "workers = [ray.get_actor(f'rollouts-{i}') for i in range(4)]; "
+                "end = time.monotonic() + 600\n"
+                "while time.monotonic() < end:\n"
+                "    busy = ray.get([w.under_way.remote() for w in workers], timeout=60)\n"
+                "    if max(busy) > 0:\n"
+                "        ray.kill(workers[busy.index(max(busy))], no_restart=False); break\n"
+                "    time.sleep(0.05)\n"
+                "else:\n"
+                "    raise SystemExit('no rollout worker ran a rollout for 10 minutes')\n"
                 ) % (cluster, f"sao-{RUN_ID}")
-        killed = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=120)
-        assert killed.returncode == 0, killed.stderr[-3000:]
+        killed = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=900)
+        assert killed.returncode == 0, killed.stderr[-3000:] + "\n--- run:\n" + tail()
         deadline = time.monotonic() + 900
         # the run goes on until the replica is back (Ray restarts it: 50 to 120 s here, more when
         # the machine is loaded) and has taken 20 steps, then is stopped as a scheduler would
@@ -96,14 +115,15 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
             if last.get("engine/restarts", 0) >= 1 and last["engine/replicas_alive"] == 2 and last["step"] >= 20:
                 break
             time.sleep(1)
-        assert run.poll() is None, run.stderr.read()[-4000:]
+        assert run.poll() is None, tail()
         last = rows(out)[-1]
-        assert last["engine/restarts"] >= 1, f"the killed replica was not back within 15 minutes: {last}"
+        assert last["engine/restarts"] >= 1, f"the killed replica was not back within 15 minutes: {last}\n{tail()}"
         run.send_signal(signal.SIGTERM)
-        _, err = run.communicate(timeout=900)
+        run.wait(timeout=900)
     finally:
         if run.poll() is None:
             run.kill()
+    err = log_path.read_text(errors="replace")
     assert run.returncode == 128 + signal.SIGTERM, err[-4000:]
     assert "ray: 2 node(s)" in err and "rollout workers on 2 node(s)" in err
     metrics = rows(out)
@@ -116,7 +136,7 @@ def test_sao_on_a_ray_cluster_survives_a_dead_engine_and_a_dead_worker(tmp_path,
     assert last["engine/version"] == last["learner/version"] >= 10
     # the killed worker's rollouts were lost, not failed, and drawn again; the engine's
     # requests in flight were retried on the other replica: no rollout failed
-    assert last["rollout/lost"] >= 1 and last["rollout/errors"] == 0
+    assert last["rollout/lost"] >= 1 and last["rollout/errors"] == 0, (last, err[-3000:])
     trained = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     keys = [t["key"] for t in trained]
     assert len(keys) == len(set(keys)) == n * 8

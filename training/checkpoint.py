@@ -21,6 +21,22 @@ from typing import Any
 LAG_FILE = "engine_lag.pt"
 
 
+def jsonl_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines log (metrics.jsonl, rollouts.jsonl), blank lines skipped.
+    A last line with no newline after it is one a writer is still writing, or was killed while
+    writing: it is left out. Any other line that does not parse raises (the file is damaged)."""
+    text = Path(path).read_text()
+    lines = text.split("\n")
+    torn = lines.pop()  # "" when the file ends with a newline
+    rows = [json.loads(line) for line in lines if line.strip()]
+    if torn.strip():
+        try:  # a whole object that only lacks its newline is kept (a file written by hand)
+            rows.append(json.loads(torn))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
 class Checkpoints:
     """The newest `keep` checkpoints, and with `keep_every` = n > 0 also every one whose step is a
     multiple of n (a long run's policy over time, for probes and evals after it)."""
@@ -81,9 +97,11 @@ class MetricsLog:
         self.rollouts_path = self.dir / "rollouts.jsonl"
         for path in (self.path, self.rollouts_path):
             if path.exists():
-                kept = [line for line in path.read_text().splitlines()
-                        if line.strip() and json.loads(line)["step"] <= resume_step]
-                path.write_text("".join(line + "\n" for line in kept))
+                kept = [row for row in jsonl_rows(path) if row["step"] <= resume_step]
+                # a new file renamed over the old: a crash here leaves the old log whole
+                tmp = path.with_name(f".{path.name}.cut")
+                tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+                tmp.replace(path)
         self._writer = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -115,7 +133,7 @@ class MetricsLog:
                 f.write(json.dumps(row) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return jsonl_rows(self.path)
 
     def close(self) -> None:
         if self._writer is not None:

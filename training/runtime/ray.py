@@ -682,10 +682,22 @@ class RolloutActor:
         # a run id of its own: closing one worker's pool sweeps its containers, not the others';
         # two sandboxes a rollout: its own and the clean one made ready for its grading
         self.pool = make_pool(cfg, f"{cfg.run_id}-w{index}", max_live=2 * slots)
+        self._lock = threading.Lock()
+        self._under_way = 0
 
     def rollout(self, source: str, task, seed: int):
         env, agent = self.sources[source]
-        return rollout_and_grade(agent, task, env, self.pool, seed)
+        with self._lock:
+            self._under_way += 1
+        try:
+            return rollout_and_grade(agent, task, env, self.pool, seed)
+        finally:
+            with self._lock:
+                self._under_way -= 1
+
+    def under_way(self) -> int:
+        """How many rollouts this worker is running now (one of the spare threads answers)."""
+        return self._under_way
 
     def node(self) -> tuple[str, str]:
         return ray.get_runtime_context().get_node_id(), _node_address()
