@@ -3,7 +3,8 @@ learner steps (the paper: GRPO collapses near step 160, SAO trains stably for 1,
 
     python -m experiments.long_run [--steps 1000] [--staleness 4] [--algos sao grpo]
         [--experiment seek] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
-        [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25] [--keep-every 50]] [overrides ...]
+        [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25] [--keep-every 50] [--carry DIR [--pack]]]
+        [--report [--window 50]] [overrides ...]
 
 The runs go at the same time (each its own `python -m training.run`, so they share the
 machine alike) with `trainer.engine_lag` set, so every rollout is sampled by the policy of that
@@ -20,6 +21,11 @@ over the run. Stop it with Ctrl-C or SIGTERM to
 every `training.run` (each keeps the step under way); without `--run-dir` they live in a
 temporary folder and start over. The same command with `--report` writes the table, the JSON
 and the plot of the steps the runs in DIR have logged so far, and runs nothing.
+
+To go on on another machine: `--carry C --pack` packs each run's newest checkpoint and logs
+into folder C (experiments/carry.py; a run going on beside it is not disturbed), and the same
+command with `--carry C` on the next machine unpacks each pack newer than what DIR holds, then
+runs (or reports) as usual.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.common import read_jsonl
+from experiments import carry
 from experiments.learning import ALGOS, kept_rows, run_case, run_label
 
 SERIES = {  # panel title: (metric, its label)
@@ -180,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     p.add_argument("--report", action="store_true",
                    help="with --run-dir: the table, JSON and plot of the steps its runs have logged so far; runs nothing")
+    p.add_argument("--carry", type=Path,
+                   help="with --run-dir: a folder of packed runs (one file each) to go on from where it is newer than "
+                        "--run-dir's, and where --pack writes")
+    p.add_argument("--pack", action="store_true",
+                   help="with --carry: pack each run's newest checkpoint and logs into it; runs nothing")
     p.add_argument("--window", type=int,
                    help="also a table by stretch of this many steps (reward; format errors a batch, mean and worst; "
                         "the largest engine-learner gap; the largest masked share), in the JSON too")
@@ -199,19 +211,50 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_every % args.checkpoint_every:
         p.error(f"--keep-every {args.keep_every} must be a multiple of --checkpoint-every ({args.checkpoint_every}): "
                 "checkpoints are written only at those steps")
-    if args.report and (args.run_dir is None or not (args.run_dir / "long_run.json").exists()):
-        p.error(f"--report reads the runs in --run-dir: {args.run_dir} holds none" if args.run_dir
-                else "--report reads the runs in --run-dir: give it")
+    if args.report and args.run_dir is None:
+        p.error("--report reads the runs in --run-dir: give it")
+    if args.report and args.carry is None and not (args.run_dir / "long_run.json").exists():
+        p.error(f"--report reads the runs in --run-dir: {args.run_dir} holds none")
+    if (args.carry or args.pack) and args.run_dir is None:
+        p.error("--carry and --pack work on the runs in --run-dir: give it")
+    if args.pack and args.carry is None:
+        p.error("--pack writes into the folder --carry names: give it")
     runs: dict[str, list[dict]] = {}
     errors: list[BaseException] = []
 
     kept = args.run_dir is not None
+    if args.carry and not args.pack and (args.carry / "long_run.json").exists() \
+            and not (args.run_dir / "long_run.json").exists():
+        args.run_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine: the carried runs' settings come first
+        (args.run_dir / "long_run.json").write_text((args.carry / "long_run.json").read_text())
+    if args.report and not args.pack and args.carry and not (args.run_dir / "long_run.json").exists():
+        p.error(f"--report reads the runs in --run-dir: {args.run_dir} holds none, nor does --carry {args.carry}")
     if kept:
         try:
             same_runs(args.run_dir, {key: getattr(args, key) for key in ("experiment", "staleness", "batch_size", "seed",
                                                                           "overrides")})
         except ValueError as e:
             p.error(str(e))
+    labels = {name: run_label(name, args.staleness, args.seed) for name in args.algos}
+    if args.pack:
+        (args.carry).mkdir(parents=True, exist_ok=True)
+        (args.carry / "long_run.json").write_text((args.run_dir / "long_run.json").read_text())
+        for name, label in labels.items():
+            try:
+                record = carry.pack(args.run_dir / label, args.carry)
+            except ValueError as e:
+                p.error(f"--pack: {e}")
+            print(f"{name}: step {record['step']} packed into {args.carry / (label + carry.SUFFIX)} "
+                  f"({record['bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
+        return 0
+    if args.carry:
+        for name, label in labels.items():
+            try:
+                step = carry.unpack(args.carry, args.run_dir / label)
+            except ValueError as e:
+                p.error(f"--carry: {e}")
+            if step is not None:
+                print(f"{name}: going on from step {step}, unpacked from {args.carry}", file=sys.stderr)
 
     if args.report:
         folders = {name: args.run_dir / run_label(name, args.staleness, args.seed) for name in args.algos}

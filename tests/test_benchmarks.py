@@ -226,6 +226,20 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     assert not (runs / "sao-lag2-s0" / "checkpoints" / "step_5").exists()
     nowhere = run("experiments.long_run", "--report", "--run-dir", str(tmp_path / "none"))
     assert nowhere.returncode == 2 and "holds none" in nowhere.stderr
+    # carried to another machine: packed, then unpacked into an empty run folder and reported
+    # there (steps 1 to 4, the newest checkpoint byte for byte)
+    packed = run("experiments.long_run", "--quick", "--staleness", "2", "--run-dir", str(runs), "--carry",
+                 str(tmp_path / "carry"), "--pack", *QUICK)
+    assert packed.returncode == 0 and "sao: step 4 packed into" in packed.stderr, packed.stderr[-3000:]
+    moved = tmp_path / "elsewhere"
+    there = run("experiments.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(moved),
+                "--carry", str(tmp_path / "carry"), "--report", "--output", str(out), *QUICK)
+    assert there.returncode == 0, there.stderr[-3000:]
+    assert "grpo: going on from step 4, unpacked from" in there.stderr
+    assert json.loads(out.read_text())["runs"] == result["runs"]
+    for f in ("engine_lag.pt", "learner.pt", "run_state.json", "policy/model.safetensors"):
+        assert (moved / "sao-lag2-s0/checkpoints/step_4" / f).read_bytes() == \
+            (runs / "sao-lag2-s0/checkpoints/step_4" / f).read_bytes()
 
 
 def test_seek_probe_counts_follows_and_the_first_moves_side():
