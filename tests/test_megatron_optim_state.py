@@ -24,9 +24,10 @@ load_state_dict; the update itself is plain Adam(W) in torch ops). torch's Adam 
 The unit tests run the project's functions on each optimizer directly; the last test runs the
 learner itself (real megatron-core on CPU, one process, gloo) through a checkpoint saved in the
 critic's warm-up and one saved after, with megatron's optimizer factory given each of the three
-(the fakes in place of TE's and Apex's), with and without megatron's distributed optimizer.
+(the fakes in place of TE's and Apex's), with and without megatron's distributed optimizer: one
+worker process runs every case, each with fresh learners (megatron-core is imported once).
 
-    python tests/test_megatron_optim_state.py KIND DISTRIBUTED MODEL OUT.pt   # that test's worker
+    python tests/test_megatron_optim_state.py KIND:0|1[,KIND:0|1 ...] MODEL OUT_DIR   # that test's worker
 """
 
 from __future__ import annotations
@@ -389,14 +390,24 @@ def test_chained_optimizers_and_a_rank_without_parameters():
 
 
 # -- the learner itself: real megatron-core on CPU ----------------------------------------------
+_ORIGINAL: dict = {}
+
+
 def _use_adam(kind: str) -> None:
     """Have megatron-core's optimizer factory build `kind`'s Adam, as it would have chosen with
-    TE or Apex installed (megatron/core/optimizer/__init__.py, .../distrib_optimizer.py)."""
-    if kind == "torch":
-        return
+    TE or Apex installed (megatron/core/optimizer/__init__.py, .../distrib_optimizer.py); "torch"
+    puts back what megatron-core chose here."""
     import megatron.core.optimizer as mo
     import megatron.core.optimizer.distrib_optimizer as do
 
+    names = (mo, "Adam"), (do, "Adam"), (mo, "USING_PYTORCH_OPTIMIZER"), (do, "HAVE_APEX_OR_TE"), \
+        (do, "USING_TE_OPTIMIZER"), (do, "USING_APEX_OPTIMIZER")
+    if not _ORIGINAL:
+        _ORIGINAL.update({(m.__name__, n): getattr(m, n) for m, n in names})
+    for m, n in names:
+        setattr(m, n, _ORIGINAL[(m.__name__, n)])
+    if kind == "torch":
+        return
     mo.Adam = do.Adam = FakeTEFusedAdam if kind == "te" else FakeApexFusedAdam
     mo.USING_PYTORCH_OPTIMIZER = False
     do.HAVE_APEX_OR_TE, do.USING_TE_OPTIMIZER, do.USING_APEX_OPTIMIZER = True, kind == "te", kind == "apex"
@@ -447,15 +458,24 @@ def tiny(tmp_path_factory):
     return str(make_tiny(tmp_path_factory.mktemp("mcore-optim") / "qwen2", "qwen2"))
 
 
-@pytest.mark.parametrize("kind,distributed_optimizer",
-                         [("torch", True), ("torch", False), ("te", True), ("te", False), ("apex", True)])
-def test_learner_saves_in_warmup_and_resumes(tiny, tmp_path, kind, distributed_optimizer):
-    out = tmp_path / "result.pt"
+CASES = [("torch", True), ("torch", False), ("te", True), ("te", False), ("apex", True)]
+
+
+@pytest.fixture(scope="module")
+def worker_results(tiny, tmp_path_factory):
+    """Every case in one worker process (megatron-core imported once): {case: its result}."""
+    out = tmp_path_factory.mktemp("mcore-optim-cases")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, kind, str(int(distributed_optimizer)), tiny, str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    cases = ",".join(f"{kind}:{int(distributed)}" for kind, distributed in CASES)
+    proc = subprocess.run([sys.executable, __file__, cases, tiny, str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    check(torch.load(out, weights_only=False), kind)
+    return {case: torch.load(out / f"{case[0]}-{int(case[1])}" / "result.pt", weights_only=False) for case in CASES}
+
+
+@pytest.mark.parametrize("kind,distributed_optimizer", CASES)
+def test_learner_saves_in_warmup_and_resumes(worker_results, kind, distributed_optimizer):
+    check(worker_results[(kind, distributed_optimizer)], kind)
 
 
 def check(result: dict, kind: str) -> None:
@@ -480,4 +500,8 @@ if __name__ == "__main__":
 
     cpu.enable()
     with cpu.scope():
-        _worker(sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4])
+        for case in sys.argv[1].split(","):
+            kind, distributed = case.split(":")
+            folder = Path(sys.argv[3]) / f"{kind}-{distributed}"
+            folder.mkdir(parents=True)
+            _worker(kind, distributed == "1", sys.argv[2], str(folder / "result.pt"))
