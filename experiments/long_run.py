@@ -40,12 +40,15 @@ import threading
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from benchmarks.common import read_jsonl
 from experiments import carry
 from experiments.learning import ALGOS, kept_rows, run_case, run_label
+from training.factories import sft_model_dir
+from training.sft import DEFAULT_OUT
 
 SERIES = {  # panel title: (metric, its label)
     "reward (mean of 10 steps)": "reward/mean",
@@ -83,6 +86,19 @@ def same_runs(run_dir: Path, settings: dict) -> None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(settings, indent=2))
+
+
+def started_from(folder: Path) -> Path | None:
+    """The cached SFT model run `folder` started from (its settings read from the run's Hydra
+    config), where this machine has it; None for a run without one."""
+    saved = folder / ".hydra" / "config.yaml"
+    if not saved.exists():
+        return None
+    model = OmegaConf.load(saved).model
+    if not model.sft.enabled:
+        return None
+    out = sft_model_dir(model)[1]
+    return out if (out / "stage.json").exists() else None
 
 
 def progress(folders: dict[str, Path], steps: int) -> str:
@@ -246,8 +262,16 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--pack: {e}")
             print(f"{name}: step {record['step']} packed into {args.carry / (label + carry.SUFFIX)} "
                   f"({record['bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
+        model = started_from(args.run_dir / next(iter(labels.values())))
+        if model is not None:
+            record = carry.pack_model(model, args.carry)
+            print(f"the model the runs started from, {model.name}, packed too ({record['bytes'] / 2**20:.1f} MiB)",
+                  file=sys.stderr)
         return 0
     if args.carry:
+        model = carry.unpack_model(args.carry, DEFAULT_OUT.parent)
+        if model is not None:
+            print(f"{model}: unpacked from {args.carry} (the model the runs started from)", file=sys.stderr)
         for name, label in labels.items():
             try:
                 step = carry.unpack(args.carry, args.run_dir / label)

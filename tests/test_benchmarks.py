@@ -231,6 +231,7 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     packed = run("experiments.long_run", "--quick", "--staleness", "2", "--run-dir", str(runs), "--carry",
                  str(tmp_path / "carry"), "--pack", *QUICK)
     assert packed.returncode == 0 and "sao: step 4 packed into" in packed.stderr, packed.stderr[-3000:]
+    assert "the model the runs started from, tiny-qwen2-sft-" in packed.stderr  # (this machine has it: not unpacked)
     moved = tmp_path / "elsewhere"
     there = run("experiments.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(moved),
                 "--carry", str(tmp_path / "carry"), "--report", "--output", str(out), *QUICK)

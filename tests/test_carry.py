@@ -1,6 +1,6 @@
 """experiments/carry.py: a run's newest checkpoint and logs packed into one file and put back
 on another machine, only where the pack is newer; a pack that does not match its record is
-refused."""
+refused; the model the runs started from, put back only where that name is missing."""
 
 import json
 
@@ -64,3 +64,17 @@ def test_a_pack_that_does_not_match_its_record_is_refused(tmp_path):
         carry.unpack(dest, tmp_path / "b" / "r")
     with pytest.raises(ValueError, match="no checkpoint"):
         carry.pack(tmp_path / "empty", dest)
+
+
+def test_the_model_goes_back_only_where_its_name_is_missing(tmp_path):
+    model = tmp_path / "models" / "tiny-sft-abc"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"w" * 1000)
+    (model / "stage.json").write_text("{}")
+    assert carry.pack_model(model, tmp_path / "carry")["name"] == "tiny-sft-abc"
+    root = tmp_path / "elsewhere" / "models"
+    assert carry.unpack_model(tmp_path / "carry", root) == root / "tiny-sft-abc"
+    assert (root / "tiny-sft-abc" / "model.safetensors").read_bytes() == b"w" * 1000
+    assert [p.name for p in root.iterdir()] == ["tiny-sft-abc"]
+    assert carry.unpack_model(tmp_path / "carry", root) is None  # there already
+    assert carry.unpack_model(tmp_path / "none", root) is None  # nothing packed

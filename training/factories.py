@@ -34,19 +34,26 @@ from training.orchestrator import Source
 from training.sft import DEFAULT_OUT, sft
 
 
-def prepare_model(model_cfg: DictConfig) -> str:
-    """The checkpoint to start from: a given path, or the tiny model (+ SFT), cached."""
+def sft_model_dir(model_cfg: DictConfig) -> tuple[str, Path, str]:
+    """(the base model, the folder the SFT model of these settings is cached in, its stamp):
+    one folder per (base weights, recipe, settings), so a run with other settings never reuses
+    it. Builds the tiny base model where it is not there yet (seconds)."""
     path = model_cfg.path or str(build_tiny_model(DEFAULT_DIR))
-    if not model_cfg.sft.enabled:
-        return path
     envs = list(model_cfg.sft.get("envs") or ["arith", "prefer"])
     # a new recipe (sft.py, or an env's demonstrations), a new model
     recipe = hashlib.sha1(b"".join(Path(f).read_bytes() for f in [sft_module.__file__, *env_files(envs)])).hexdigest()
     weights = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
     base = hashlib.sha1(b"".join(p.read_bytes() for p in weights)).hexdigest() if weights else path
     stamp = json.dumps({"base": base, "recipe": recipe, **OmegaConf.to_container(model_cfg.sft)}, sort_keys=True)
-    # one cached SFT model per (base, settings): a run with other settings never reuses it
-    out = DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}")
+    return path, DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}"), stamp
+
+
+def prepare_model(model_cfg: DictConfig) -> str:
+    """The checkpoint to start from: a given path, or the tiny model (+ SFT), cached."""
+    if not model_cfg.sft.enabled:
+        return model_cfg.path or str(build_tiny_model(DEFAULT_DIR))
+    path, out, stamp = sft_model_dir(model_cfg)
+    envs = list(model_cfg.sft.get("envs") or ["arith", "prefer"])
     if not (out / "stage.json").exists():
         console.print(f"SFT warm start: {model_cfg.sft.steps} steps on generated demonstrations -> {out}")
         # made beside and renamed into place: a run killed mid-way leaves no half-written model,
