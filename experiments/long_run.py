@@ -5,6 +5,7 @@ learner steps (the paper: GRPO collapses near step 160, SAO trains stably for 1,
         [--experiment seek] [--batch-size 16] [--seed 0] [--quick] [--output FILE.json]
         [--plot FILE.png] [--run-dir DIR [--checkpoint-every 25] [--keep-every 50] [--carry DIR [--pack]]]
         [--report [--window 50]] [overrides ...]
+    python -m experiments.long_run --windows-of FILE.json --window 50
 
 The runs go at the same time (each its own `python -m training.run`, so they share the
 machine alike) with `trainer.engine_lag` set, so every rollout is sampled by the policy of that
@@ -20,7 +21,8 @@ checkpoint stays (`trainer.keep_every`), for `experiments.seek_probe` or an eval
 over the run. Stop it with Ctrl-C or SIGTERM to
 every `training.run` (each keeps the step under way); without `--run-dir` they live in a
 temporary folder and start over. The same command with `--report` writes the table, the JSON
-and the plot of the steps the runs in DIR have logged so far, and runs nothing.
+and the plot of the steps the runs in DIR have logged so far, and runs nothing; `--windows-of
+FILE.json --window N` prints the table by stretch of N steps of a JSON written earlier.
 
 To go on on another machine: `--carry C --pack` packs each run's newest checkpoint and logs
 into folder C (experiments/carry.py; a run going on beside it is not disturbed), and the same
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int,
                    help="also a table by stretch of this many steps (reward; format errors a batch, mean and worst; "
                         "the largest engine-learner gap; the largest masked share), in the JSON too")
+    p.add_argument("--windows-of", type=Path, metavar="JSON",
+                   help="with --window: that table of the runs in a JSON an earlier --output wrote; runs nothing")
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for every run")
     args = p.parse_args(argv)
     if args.quick:
@@ -227,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_every % args.checkpoint_every:
         p.error(f"--keep-every {args.keep_every} must be a multiple of --checkpoint-every ({args.checkpoint_every}): "
                 "checkpoints are written only at those steps")
+    if args.windows_of is not None:
+        return windows_of(p, args.windows_of, args.window)
     if args.report and args.run_dir is None:
         p.error("--report reads the runs in --run-dir: give it")
     if args.report and args.carry is None and not (args.run_dir / "long_run.json").exists():
@@ -316,6 +322,22 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         raise SystemExit(str(errors[0]))
     return report(runs, args)
+
+
+def windows_of(p: argparse.ArgumentParser, path: Path, width: int | None) -> int:
+    """The table by stretch of `width` steps of the runs a long-run JSON holds (one written by
+    an earlier orchestrator too: only the steps' rows are read)."""
+    if width is None:
+        p.error("--windows-of prints the table by stretch of --window steps: give --window")
+    try:
+        runs = json.loads(path.read_text())["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        p.error(f"--windows-of {path}: not a long-run JSON with its runs ({type(e).__name__}: {e})")
+    if not isinstance(runs, dict) or not runs or not all(isinstance(rows, list) and rows for rows in runs.values()):
+        p.error(f"--windows-of {path}: field 'runs' holds no steps")
+    Console(width=200).print(window_table(runs, width))
+    print(json.dumps({name: windows(rows, width) for name, rows in runs.items()}))
+    return 0
 
 
 def report(runs: dict[str, list[dict]], args) -> int:

@@ -224,20 +224,31 @@ def test_long_run_benchmark_runs_sao_and_grpo_side_by_side_and_goes_on_with_them
     assert stretches[1]["reward"] == result["runs"]["sao"][3]["reward/mean"]
     assert stretches[0]["masked_max"] == max(r["masked"] for r in result["runs"]["sao"][:3])
     assert not (runs / "sao-lag2-s0" / "checkpoints" / "step_5").exists()
+    # the same stretches from that JSON alone (as for a run whose folder is gone)
+    again = run("experiments.long_run", "--windows-of", str(out), "--window", "3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "by stretch of 3 steps" in again.stdout
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == {name: rows for name, rows in reported["windows"].items()
+                                                                 if name != "width"}
+    no_width = run("experiments.long_run", "--windows-of", str(out))
+    assert no_width.returncode == 2 and "give --window" in no_width.stderr
+    (tmp_path / "bad.json").write_text('{"runs": {}}')
+    bad = run("experiments.long_run", "--windows-of", str(tmp_path / "bad.json"), "--window", "3")
+    assert bad.returncode == 2 and "field 'runs' holds no steps" in bad.stderr
     nowhere = run("experiments.long_run", "--report", "--run-dir", str(tmp_path / "none"))
     assert nowhere.returncode == 2 and "holds none" in nowhere.stderr
-    # carried to another machine: packed, then unpacked into an empty run folder and reported
-    # there (steps 1 to 4, the newest checkpoint byte for byte)
-    packed = run("experiments.long_run", "--quick", "--staleness", "2", "--run-dir", str(runs), "--carry",
+    # carried to another machine: SAO's run packed, then unpacked into an empty run folder and
+    # reported there (steps 1 to 4, the newest checkpoint byte for byte)
+    packed = run("experiments.long_run", "--quick", "--staleness", "2", "--algos", "sao", "--run-dir", str(runs), "--carry",
                  str(tmp_path / "carry"), "--pack", *QUICK)
     assert packed.returncode == 0 and "sao: step 4 packed into" in packed.stderr, packed.stderr[-3000:]
     assert "the model the runs started from, tiny-qwen2-sft-" in packed.stderr  # (this machine has it: not unpacked)
     moved = tmp_path / "elsewhere"
-    there = run("experiments.long_run", "--quick", "--steps", "10", "--staleness", "2", "--run-dir", str(moved),
-                "--carry", str(tmp_path / "carry"), "--report", "--output", str(out), *QUICK)
+    there = run("experiments.long_run", "--quick", "--steps", "10", "--staleness", "2", "--algos", "sao", "--run-dir",
+                str(moved), "--carry", str(tmp_path / "carry"), "--report", "--output", str(out), *QUICK)
     assert there.returncode == 0, there.stderr[-3000:]
-    assert "grpo: going on from step 4, unpacked from" in there.stderr
-    assert json.loads(out.read_text())["runs"] == result["runs"]
+    assert "sao: going on from step 4, unpacked from" in there.stderr
+    assert json.loads(out.read_text())["runs"] == {"sao": result["runs"]["sao"]}
     for f in ("engine_lag.pt", "learner.pt", "run_state.json", "policy/model.safetensors"):
         assert (moved / "sao-lag2-s0/checkpoints/step_4" / f).read_bytes() == \
             (runs / "sao-lag2-s0/checkpoints/step_4" / f).read_bytes()
