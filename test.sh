@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Second command: run the tests (sets up what they need first: venv, Docker engine, image).
 # Three pytest workers (files whole to one worker: a file's engine, cluster or sandboxes are
-# shared by its tests; the slowest files first, tests/conftest.py's SLOW_FIRST, in place of
-# xdist's order by number of tests): most tests wait on containers and child processes, so they overlap on
+# shared by its tests): most tests wait on containers and child processes, so they overlap on
 # two cores (fresh clone, quiet 2-core machine, 2026-12-06: 28 min 30 s with three, 30 min 57 s
 # with two, the one sandbox change between them aside). Tests marked `serial` (one restarts the Docker engine) run alone afterwards.
 # SAO_TEST_WORKERS=0 runs everything in one process. Extra arguments go to both pytest runs.
@@ -10,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 SAO_DOCKER_QUOTA="${SAO_DOCKER_QUOTA:-0}" bash scripts/bootstrap.sh  # a Docker engine it starts: the plain one (bootstrap.sh says why)
 set +e
-.venv/bin/python -m pytest -q -n "${SAO_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder -m "not serial" "$@"
+.venv/bin/python -m pytest -q -n "${SAO_TEST_WORKERS:-3}" --dist loadfile -m "not serial" "$@"
 parallel=$?
 .venv/bin/python -m pytest -q -m serial "$@"
 serial=$?

@@ -24,22 +24,6 @@ _GIT_ENV = {
 }
 
 
-# The files that take longest, slowest first (a fresh clone's --durations on the quiet 2-core
-# machine, 2026-12-07: test_learning's one test 597 s, the Ray file's 700 s, test_benchmarks'
-# 750 s, ...). ./test.sh runs its workers with --dist loadfile --no-loadscope-reorder, so they
-# take files in this order and no long file starts near the end: xdist's own order (most tests
-# first) started test_learning, one test, last. The rest keep pytest's order.
-SLOW_FIRST = ["test_learning.py", "test_ray_runtime.py", "test_benchmarks.py", "test_megatron.py",
-              "test_training_run.py", "test_online.py", "test_endpoint.py", "test_gpu_check_script.py",
-              "test_vllm_engine.py", "test_eval_ckpt.py", "test_throughput.py", "test_peer.py", "test_plan.py",
-              "test_builtin.py"]
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
-
-
 def git(repo: Path, *args: str) -> str:
     env = {**os.environ, **_GIT_ENV}
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
