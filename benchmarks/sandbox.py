@@ -3,6 +3,7 @@ with the warm pool and without, side by side.
 
     python -m benchmarks.sandbox [--concurrency 1 2 4 8 16] [--samples 32] [--grades 16]
                                  [--hold 0.5] [--quick] [--output FILE] [--plot FILE.png]
+    python -m benchmarks.sandbox --churn 1000 [...]      (benchmarks/churn.py: a thousand in a row)
 
 At concurrency c, c threads ask one pool (`max_live` = c) for sandboxes back to back. `create`
 is the wait for `pool.sandbox(image)` to hand one out; `first exec` its first command (`true`);
@@ -165,6 +166,10 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--churn" or a.startswith("--churn=") for a in argv):  # the churn benchmark: benchmarks/churn.py
+        from benchmarks import churn
+        return churn.main(argv)
     p = argparse.ArgumentParser(prog="python -m benchmarks.sandbox", description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--samples", type=int, default=32, help="sandbox lifecycles a level (at least one a thread)")

@@ -7,8 +7,8 @@ block (exceptions and Ctrl-C included) and at interpreter exit.
 
 What a sandbox writes is bounded by `Limits.disk_mb` one of two ways (`DockerSandbox.disk_bound`):
 "quota" where the engine takes `--storage-opt size=` (overlay2 on XFS mounted with project
-quotas, or the btrfs driver; scripts/docker_quota.sh starts such an engine): the kernel refuses a
-write past the limit (ENOSPC, or EDQUOT on btrfs). "watch" elsewhere (overlay2 on ext4, the
+quotas, or the btrfs driver, on a filesystem with simple quotas where scripts/docker_quota.sh
+starts it): the kernel refuses a write past the limit (ENOSPC, or EDQUOT on btrfs). "watch" elsewhere (overlay2 on ext4, the
 usual case): the writable layer is measured every DISK_POLL_S while a command runs and the
 command is killed once it is past the limit, so a fast writer gets somewhat past it first.
 """
@@ -45,6 +45,10 @@ DEFAULT_IMAGE = "sao-sandbox:bookworm"
 KEEPALIVE_LOOKS = 40  # about 40 s of looks for init's first child (a loaded host)
 # The host waits this long past a command's own timeout before it kills every process itself.
 DISK_POLL_S = 1.0
+# Under the watch, what a command that starts with the sandbox already past its limit may add
+# before it is stopped: its own wrapper writes a small file (the process group's id) and a
+# directory copied up counts a block.
+WATCH_SLACK = 2**20
 HOST_GRACE_S = 10.0
 _TIMEOUT_EXIT = 124  # GNU timeout's status when it had to stop the command
 _DIFF_LIMIT = 20_000_000
@@ -59,7 +63,7 @@ _QUOTA_PROBE = (f"dd if=/dev/zero of=/.sao-disk-probe bs=64k count={QUOTA_PROBE_
 _live: dict[str, "DockerSandbox"] = {}
 _live_lock = threading.Lock()
 # engine (its API address) -> the filesystem whose quota bounds a container's writes there
-# ("xfs", "btrfs"), or "" where none does: found out once per process and engine
+# ("xfs", "btrfs-squota", "btrfs": full qgroups), or "" where none does: found out once per process and engine
 _quota_fs: dict[str, str] = {}
 _quota_why: dict[str, str] = {}  # engine -> why it has no quota ("" where it has one)
 _quota_lock = threading.Lock()
@@ -80,7 +84,7 @@ def client() -> docker.DockerClient:
 
 
 def quota_fs(docker_client: docker.DockerClient, image: str = DEFAULT_IMAGE) -> str:
-    """The filesystem ("xfs" or "btrfs") whose quota bounds what a container of this engine
+    """The filesystem ("xfs", "btrfs-squota", or "btrfs" with full qgroups) whose quota bounds what a container of this engine
     writes (`--storage-opt size=`), or "" where it does not (the disk is watched). Asked once
     per process and engine: the engine's storage driver, then one container created (not
     started) from `image` with a size, to see the engine take it. SAO_DISK_BOUND=watch skips
@@ -130,26 +134,56 @@ def _find_quota_fs(docker_client: docker.DockerClient, image: str) -> tuple[str,
         return "", (f"storage driver {driver}" + (f" on {backing}" if backing else "")
                     + " takes no --storage-opt size; scripts/docker_quota.sh starts an engine that does")
     try:  # overlay2 on XFS takes it only when mounted with pquota: ask the engine
-        size = f"{_quota_size_mb(docker_client, fs, image, 64)}M"
+        if fs == "btrfs":  # and on btrfs, whether the limit counts the image: see _btrfs_mode
+            size, cmd = f"{_PROBE_LIMIT_MB}M", ["sh", "-c", f"head -c {_PROBE_WRITE_MB * 2**20} /dev/zero > /.sao-probe"]
+        else:
+            size, cmd = f"{_quota_size_mb(docker_client, fs, image, 64)}M", ["true"]
         ct = docker_client.containers.create(
-            image, ["true"], network_mode="none", storage_opt={"size": size},
+            image, cmd, network_mode="none", storage_opt={"size": size},
             labels={LABEL: "1", "sao.run_id": "disk-bound-check", "sao.host": socket.gethostname(), "sao.pid": str(os.getpid())})
     except docker.errors.ImageNotFound:
         raise
     except docker.errors.APIError as e:
         return "", f"the engine ({driver} on {backing or fs}) refused --storage-opt size: {e.explanation or e}"
     try:
-        ct.remove(force=True)
-    except docker.errors.APIError:
-        pass  # the sweep removes it
+        if fs == "btrfs":
+            fs = _btrfs_mode(ct)
+    finally:
+        try:
+            ct.remove(force=True)
+        except docker.errors.APIError:
+            pass  # the sweep removes it
+    if fs == "btrfs":
+        log.warning("sandbox disk limit: btrfs with full qgroups: every removed sandbox leaves the kernel a costly "
+                    "clean-up that grows with the count (RELIABILITY.md); scripts/docker_quota.sh moves the engine "
+                    "to simple quotas")
     return fs, ""
+
+
+# A probe container's limit (MiB), under any image's size, and what it writes (MiB): refused under
+# full qgroups (the limit counts the image's files the snapshot refers to), taken under simple
+# quotas (the limit counts the extents the container itself writes).
+_PROBE_LIMIT_MB, _PROBE_WRITE_MB = 8, 2
+
+
+def _btrfs_mode(ct) -> str:
+    """"btrfs-squota" where the btrfs engine's filesystem has simple quotas, "btrfs" where it has
+    full qgroups: `ct` (created with a size) writes past its limit but not past what it wrote."""
+    try:
+        ct.start()
+        if ct.wait(timeout=120).get("StatusCode") == 0:
+            return "btrfs-squota"
+    except (docker.errors.APIError, OSError) as e:  # no verdict: the size that never lets a write past the limit
+        log.warning("could not tell the btrfs engine's quota mode (%s): taken as full qgroups", e)
+    return "btrfs"
 
 
 def _quota_size_mb(docker_client: docker.DockerClient, fs: str, image: str, disk_mb: int) -> int:
     """The `--storage-opt size` (MiB) that lets a container of `image` write `disk_mb`. On XFS the
-    project quota covers the writable layer alone: `disk_mb`. A btrfs qgroup limit counts all the
-    container's subvolume refers to, the image's files too: `disk_mb` plus the image's size (its
-    file bytes; btrfs also counts their metadata and block rounding, so a little less than
+    project quota covers the writable layer alone: `disk_mb`; so does a btrfs simple quota (it
+    counts the extents the container's subvolume wrote). A btrfs qgroup limit under full qgroups
+    counts all the subvolume refers to, the image's files too: `disk_mb` plus the image's size
+    (its file bytes; btrfs also counts their metadata and block rounding, so a little less than
     `disk_mb` can be written: never more)."""
     if fs != "btrfs":
         return disk_mb
@@ -198,6 +232,7 @@ class DockerSandbox:
         self._client = docker_client or client()
         self._oom_seen = 0
         self._n_exec = 0
+        self._layer_bytes = 0  # the writable layer's size when last measured (the watch's)
         self._user = "root"  # whom commands run as: `limits.user` once `drop_privileges` is called
         if not valid_user(limits.user):
             raise SandboxError(f"sandbox.user = {limits.user!r}: a numeric uid or uid:gid other than 0 (e.g. '1000:1000'), "
@@ -323,10 +358,13 @@ class DockerSandbox:
         # on (a writer in a loop) is stopped once a probe finds the sandbox full. Under the watch
         # the writable layer is measured while the command runs: a command filling the disk is
         # stopped within DISK_POLL_S (overlay2 on most filesystems has no size limit of its own).
-        deadline, disk_full = start + timeout + HOST_GRACE_S, False
+        # Under the watch a command is stopped only for bytes past the limit that it added: one
+        # that starts with the sandbox still over it (left so by the command before, whose files
+        # it is deleting) is measured against what the layer held when it started.
+        deadline, disk_full, layer_at_start = start + timeout + HOST_GRACE_S, False, self._layer_bytes
         while reader.is_alive() and time.monotonic() < deadline:
             reader.join(min(DISK_POLL_S, max(0.0, deadline - time.monotonic())))
-            if reader.is_alive() and self._disk_full_now(refused):
+            if reader.is_alive() and self._disk_full_now(refused, layer_at_start):
                 disk_full = True
                 self._kill_all()
                 reader.join(5)
@@ -347,8 +385,10 @@ class DockerSandbox:
                                f"(restarted or stopped?): {e}") from e
         timed_out = host_killed or (exit_code in (_TIMEOUT_EXIT, 137) and duration >= timeout * 0.98)
         output, truncated = cap.text()
-        if not disk_full:  # or left it full: said after the command as well
-            disk_full = ((refused.seen or timed_out) and self._at_quota()) if self.quota_fs else self._over_disk()
+        if not self.quota_fs:  # the layer as the command left it (the next command's start), and
+            disk_full = self._over_disk() or disk_full  # whether it left it full: said after the command as well
+        elif not disk_full:
+            disk_full = (refused.seen or timed_out) and self._at_quota()
         oom = exit_code == 137 and not timed_out and not disk_full and self._oom_count_grew()
         return ExecResult(exit_code, output, timed_out and not disk_full, truncated, oom, duration,
                           disk_full_mb=self.limits.disk_mb if disk_full else 0)
@@ -363,23 +403,26 @@ class DockerSandbox:
             raise SandboxError(f"could not hand {self.workdir} to user {self.limits.user}: {r.output[-500:]}")
         self._user = self.limits.user
 
-    def _over_disk(self) -> bool:
-        """True when what the sandbox wrote (its writable layer) passes `limits.disk_mb`."""
+    def _over_disk(self, unless_at_most: int = -1) -> bool:
+        """True when what the sandbox wrote (its writable layer, measured now and kept in
+        `_layer_bytes`) passes `limits.disk_mb`, and `unless_at_most` bytes too."""
         api = self._client.api
         try:
             info = api._result(api._get(api._url("/containers/{0}/json", self.id), params={"size": 1}), True)
         except (docker.errors.APIError, OSError):
             return False
-        return (info.get("SizeRw") or 0) > self.limits.disk_mb * 2**20
+        self._layer_bytes = info.get("SizeRw") or 0
+        return self._layer_bytes > max(self.limits.disk_mb * 2**20, unless_at_most)
 
-    def _disk_full_now(self, refused: _QuotaMessages) -> bool:
+    def _disk_full_now(self, refused: _QuotaMessages, layer_at_start: int) -> bool:
         """While a command runs, whether to stop it for the disk: under a quota, when it has said
         a write was refused since the last look and a probe finds the sandbox full (the bytes are
         bounded anyway; this stops a writer that goes on failing); under the watch, when the
-        writable layer is past the limit."""
+        writable layer is past the limit and past what it held when the command started (a
+        command deleting what the one before left past the limit is not stopped for it)."""
         if self.quota_fs:
             return refused.new() and self._at_quota()
-        return self._over_disk()
+        return self._over_disk(unless_at_most=layer_at_start + WATCH_SLACK)
 
     def _at_quota(self) -> bool:
         """Under a quota: True when the sandbox cannot take QUOTA_PROBE_KB more (a probe's

@@ -4,10 +4,19 @@
 #
 #   1. XFS mounted with project quotas (pquota): overlay2 puts each container's writable layer
 #      under a project quota of `size`; a write past it fails with ENOSPC.
-#   2. else Btrfs (kernels built without XFS quota support, such as this project's VMs): the
-#      btrfs driver puts each container's subvolume under a qgroup limit; a write past it fails
-#      with EDQUOT ("Disk quota exceeded").
+#   2. else Btrfs with simple quotas (kernels built without XFS quota support, such as this
+#      project's VMs; simple quotas need Linux 6.7+): the btrfs driver puts each container's
+#      subvolume under a qgroup limit, which under simple quotas counts what the container
+#      wrote; a write past it fails with EDQUOT ("Disk quota exceeded"). Never full qgroups
+#      (`btrfs quota enable`): under them each removed container leaves the kernel's cleaner a
+#      backreference walk, the backlog grows with the count and creating and removing slow from
+#      about 2 s to tens of seconds within a few hundred sandboxes (RELIABILITY.md, "Disk").
+#      scripts/btrfs_squota.py sets the mode (Debian 12's btrfs-progs has no switch for it).
 #   3. else the plain daemon on its default data root (and sandbox/docker.py watches the disk).
+#
+# Upgrades: an engine left by an earlier version of this script on btrfs with full qgroups
+# (it answers, its data root is btrfs in qgroup mode) is moved to simple quotas in place, while
+# it runs; containers made before keep no limit, every new one gets it.
 #
 # The filesystem lives in a sparse loop file (its size is capped by the free space beside it),
 # mounted at the daemon's data root. Idempotent: a data root already mounted is reused, a loop
@@ -54,11 +63,34 @@ answers() { DOCKER_HOST="$HOST" docker info >/dev/null 2>&1; }
 if [ "$(id -u)" != 0 ]; then echo "error: scripts/docker_quota.sh must run as root" >&2; exit 1; fi
 case "$FS" in auto|xfs|btrfs|plain) ;; *) echo "error: SAO_DOCKER_FS=$FS: auto, xfs, btrfs or plain" >&2; exit 1;; esac
 
+SQUOTA="$(dirname "${BASH_SOURCE[0]}")/btrfs_squota.py"
+PY3="${SAO_SYSTEM_PYTHON:-python3}"
+
 if answers; then
   driver=$(DOCKER_HOST="$HOST" docker info --format '{{.Driver}}' 2>/dev/null)
+  root=$(DOCKER_HOST="$HOST" docker info --format '{{.DockerRootDir}}' 2>/dev/null)
+  if [ "$driver" = btrfs ] && [ -d "$root" ] && [ "$("$PY3" "$SQUOTA" "$root" --check 2>/dev/null)" = qgroup ]; then
+    # an earlier version's engine: full qgroups make every removal cost more than the one before
+    say "the Docker engine at $HOST keeps its data on btrfs with full qgroups ($root): moving it to simple quotas"
+    if mode=$("$PY3" "$SQUOTA" "$root") && [ "$mode" = squota ]; then
+      say "moved: new sandboxes' disk limits are simple quotas (those made before keep none)"
+      echo "bound: quota (btrfs, simple quotas)"
+      exit 0
+    fi
+    warn "could not move $root to simple quotas; stop that engine and run this script again, or run \`SAO_DOCKER_QUOTA=0 ./setup.sh\` after stopping it for the plain engine"
+    exit 1
+  fi
   say "a Docker engine already answers at $HOST (storage driver $driver): left as it is"
   exit 0
 fi
+
+squota() {  # btrfs at $DATA_ROOT under simple quotas: 0, else 1 (said)
+  local out rc
+  out=$("$PY3" "$SQUOTA" "$DATA_ROOT" 2>&1); rc=$?
+  [ $rc = 0 ] && [ "$out" = squota ] && return 0
+  warn "no simple quotas on $DATA_ROOT: $out"
+  return 1
+}
 
 mounted_fs() {  # the filesystem type mounted at $DATA_ROOT ('' if none), and its options
   findmnt -n -o FSTYPE,OPTIONS --mountpoint "$DATA_ROOT" 2>/dev/null | head -1
@@ -72,7 +104,7 @@ mount_fs() {
     if [ "$have" = xfs ] && [[ ",$opts," == *,prjquota,* || ",$opts," == *,pquota,* ]] && [ "$want" != btrfs ]; then
       echo xfs; return 0
     fi
-    if [ "$have" = btrfs ] && [ "$want" != xfs ]; then echo btrfs; return 0; fi
+    if [ "$have" = btrfs ] && [ "$want" != xfs ]; then squota && { echo btrfs; return 0; }; return 1; fi
     warn "$DATA_ROOT is mounted ($have, $opts) but not as $want with quotas: not touched"
     return 1
   fi
@@ -108,7 +140,13 @@ mount_fs() {
     fi
     local mopts=loop
     [ "$try" = xfs ] && mopts=loop,pquota
-    if mount -o "$mopts" "$IMG" "$DATA_ROOT" 2>/dev/null; then echo "$try"; return 0; fi
+    if mount -o "$mopts" "$IMG" "$DATA_ROOT" 2>/dev/null; then
+      [ "$try" = xfs ] && { echo xfs; return 0; }
+      squota && { echo btrfs; return 0; }
+      umount "$DATA_ROOT" 2>/dev/null  # btrfs without simple quotas: not worth its cost
+      [ -n "$created" ] && rm -f "$IMG"
+      return 1
+    fi
     warn "could not mount $IMG as $try (-o $mopts): $(dmesg 2>/dev/null | grep -iE 'xfs|btrfs|loop' | tail -1 | sed 's/^\[[^]]*\] //')"
     made=""  # this file's filesystem cannot be mounted here: the next one is made over it
   done
@@ -137,7 +175,7 @@ if [ "$FS" != plain ]; then
       # overlay2 takes project quotas only where its test quota works: check the engine agrees
       backing=$(DOCKER_HOST="$HOST" docker info --format '{{range .DriverStatus}}{{index . 0}}={{index . 1}};{{end}}' 2>/dev/null)
       if [ "$fs" = btrfs ] || [[ "$backing" == *"Backing Filesystem=xfs"* ]]; then
-        echo "bound: quota ($fs)"
+        echo "bound: quota ($fs$([ "$fs" = btrfs ] && echo ', simple quotas'))"
         exit 0
       fi
       warn "the engine reports '$backing', not overlay2 on xfs"
