@@ -6,11 +6,13 @@ the leftovers of runs that died. A container is removed on `close()`, on leaving
 block (exceptions and Ctrl-C included) and at interpreter exit.
 
 What a sandbox writes is bounded by `Limits.disk_mb` one of two ways (`DockerSandbox.disk_bound`):
-"quota" where the engine takes `--storage-opt size=` (overlay2 on XFS mounted with project
-quotas, or the btrfs driver, on a filesystem with simple quotas where scripts/docker_quota.sh
-starts it): the kernel refuses a write past the limit (ENOSPC, or EDQUOT on btrfs). "watch" elsewhere (overlay2 on ext4, the
-usual case): the writable layer is measured every DISK_POLL_S while a command runs and the
-command is killed once it is past the limit, so a fast writer gets somewhat past it first.
+"quota" where the kernel refuses a write past the limit (ENOSPC, or EDQUOT on btrfs): overlay2
+on btrfs under simple quotas, what scripts/docker_quota.sh starts where the kernel has no XFS
+quota, with each sandbox's writable layer made a limited subvolume here (LAYER_SUBVOLUME,
+sandbox/btrfs.py); or an engine that takes `--storage-opt size=` (overlay2 on XFS mounted with
+project quotas, the btrfs driver). "watch" elsewhere (overlay2 on ext4, the usual case): the
+writable layer is measured every DISK_POLL_S while a command runs and the command is killed
+once it is past the limit, so a fast writer gets somewhat past it first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import posixpath
 import shlex
 import signal
 import socket
+import subprocess
 import tarfile
 import threading
 import time
@@ -32,6 +35,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from sandbox import btrfs
 from sandbox.base import WORKDIR, ExecResult, Limits, OutputCap, SandboxError, SandboxKilled, valid_user
 
 log = logging.getLogger(__name__)
@@ -63,8 +67,11 @@ _QUOTA_PROBE = (f"dd if=/dev/zero of=/.sao-disk-probe bs=64k count={QUOTA_PROBE_
 _live: dict[str, "DockerSandbox"] = {}
 _live_lock = threading.Lock()
 # engine (its API address) -> the filesystem whose quota bounds a container's writes there
-# ("xfs", "btrfs-squota", "btrfs": full qgroups), or "" where none does: found out once per process and engine
+# ("xfs", LAYER_SUBVOLUME, "btrfs-squota", "btrfs": full qgroups), or "" where none does: found out once per process and engine
 _quota_fs: dict[str, str] = {}
+# overlay2 on btrfs under simple quotas: each sandbox's writable layer made a subvolume with a limit
+# by this process (sandbox/btrfs.py), the engine's removal left a plain directory removal
+LAYER_SUBVOLUME = "btrfs-squota-layer"
 _quota_why: dict[str, str] = {}  # engine -> why it has no quota ("" where it has one)
 _quota_lock = threading.Lock()
 
@@ -126,6 +133,8 @@ def _find_quota_fs(docker_client: docker.DockerClient, image: str) -> tuple[str,
     info = docker_client.info()  # no answer: raised, and asked again at the next sandbox
     driver = info.get("Driver") or "?"
     backing = dict((row + ["", ""])[:2] for row in info.get("DriverStatus") or []).get("Backing Filesystem", "")
+    if driver == "overlay2" and backing == "btrfs":
+        return _layer_subvolume_ok(docker_client, info.get("DockerRootDir") or "")
     if driver == "overlay2" and backing == "xfs":
         fs = "xfs"
     elif driver == "btrfs":
@@ -158,6 +167,25 @@ def _find_quota_fs(docker_client: docker.DockerClient, image: str) -> tuple[str,
                     "clean-up that grows with the count (RELIABILITY.md); scripts/docker_quota.sh moves the engine "
                     "to simple quotas")
     return fs, ""
+
+
+def _layer_subvolume_ok(docker_client: docker.DockerClient, root: str) -> tuple[str, str]:
+    """(LAYER_SUBVOLUME, "") where this process can bound each sandbox's layer itself: the engine
+    is on this machine (a unix socket), its data root is here, on btrfs under simple quotas, and
+    this process is root (it makes the subvolumes); else ("", why)."""
+    local = _engine_key(docker_client).startswith("/")
+    if not local or not Path(root).is_dir():
+        return "", f"overlay2 on btrfs at {root or '?'}, but the engine is not on this machine: its layers cannot be bounded from here"
+    if os.geteuid() != 0:
+        return "", f"overlay2 on btrfs at {root}: bounding each sandbox's layer takes root, and this process is uid {os.geteuid()}"
+    try:
+        mode = btrfs.quota_mode(root)
+    except OSError as e:
+        return "", f"overlay2 on btrfs at {root}: its quota mode cannot be read ({e})"
+    if mode != "squota":
+        return "", (f"overlay2 on btrfs at {root} with quotas {mode}, not simple quotas: "
+                    "python3 scripts/btrfs_squota.py ROOT turns them on")
+    return LAYER_SUBVOLUME, ""
 
 
 # A probe container's limit (MiB), under any image's size, and what it writes (MiB): refused under
@@ -252,9 +280,11 @@ class DockerSandbox:
             self.quota_fs = quota_fs(self._client, image)
             self.disk_bound = "quota" if self.quota_fs else "watch"
             storage_opt = None
-            if self.quota_fs:
+            if self.quota_fs and self.quota_fs != LAYER_SUBVOLUME:
                 storage_opt = {"size": f"{_quota_size_mb(self._client, self.quota_fs, image, limits.disk_mb)}M"}
-            self._container = self._client.containers.run(
+            # under LAYER_SUBVOLUME the container is created, its writable layer bounded, then started
+            make = self._client.containers.create if self.quota_fs == LAYER_SUBVOLUME else self._client.containers.run
+            self._container = make(
                 image,
                 command=["sleep", "infinity"],
                 name=f"sao-{run_id[:24]}-{uuid.uuid4().hex[:8]}".replace("/", "-"),
@@ -278,6 +308,8 @@ class DockerSandbox:
                 hostname="sandbox",
                 storage_opt=storage_opt,  # the disk limit, where the engine takes it (else watched)
             )
+            if self.quota_fs == LAYER_SUBVOLUME:
+                self._bound_and_start(limits.disk_mb)
         except docker.errors.ImageNotFound as e:
             raise SandboxError(
                 f"image {image!r} is not on this Docker engine. Build the default one with "
@@ -293,6 +325,18 @@ class DockerSandbox:
         except (SandboxError, docker.errors.APIError) as e:
             self.close()
             raise e if isinstance(e, SandboxError) else SandboxError(f"sandbox {self.id[:12]} stopped as it started: {e}")
+
+    def _bound_and_start(self, disk_mb: int) -> None:
+        """LAYER_SUBVOLUME: make the created container's writable layer a btrfs subvolume limited
+        to `disk_mb` (sandbox/btrfs.py), then start it; a layer that cannot be bounded is no
+        sandbox (the container is removed and the error said)."""
+        try:
+            btrfs.bound_layer(self._container.attrs["GraphDriver"]["Data"]["UpperDir"], disk_mb * 2**20)
+        except (KeyError, OSError, subprocess.SubprocessError) as e:
+            self._container.remove(force=True)
+            raise SandboxError(f"could not bound the writable layer of a sandbox to {disk_mb} MB "
+                               f"(a btrfs subvolume with a simple quota): {e}") from e
+        self._container.start()
 
     def _find_keepalive(self) -> int:
         """The keep-alive `sleep`'s pid: init (docker-init) is pid 1, and its only child at start

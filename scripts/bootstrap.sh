@@ -40,12 +40,13 @@ fi
 # its data on a loop-mounted filesystem with quotas (XFS with pquota, else btrfs with simple
 # quotas) where the kernel allows, so a sandbox's disk limit is a quota, not a watch
 # (scripts/docker_quota.sh; the plain daemon where neither mounts). ./test.sh starts the plain
-# one (SAO_DOCKER_QUOTA=0): on btrfs a sandbox's removal costs more (RELIABILITY.md, "Disk"),
-# and the quota's own tests start an engine of their own. An engine already running is left as
-# it is, but for one an earlier version of this script started on btrfs with full qgroups,
-# which scripts/docker_quota.sh moves to simple quotas in place.
+# one (SAO_DOCKER_QUOTA=0), and the quota's own tests start an engine of their own. An engine
+# already running is left as it is, but for one an earlier version of this script started (the
+# btrfs storage driver, maybe with full qgroups), which scripts/docker_quota.sh moves.
 if docker info --format '{{.Driver}}' 2>/dev/null | grep -qx btrfs; then
-  as_root env SAO_DOCKER_HOST="${DOCKER_HOST:-unix:///var/run/docker.sock}" "$ROOT/scripts/docker_quota.sh" || exit 1
+  mkdir -p .cache
+  as_root env SAO_DOCKER_LOG="$ROOT/.cache/dockerd.log" SAO_DOCKER_HOST="${DOCKER_HOST:-unix:///var/run/docker.sock}" \
+    "$ROOT/scripts/docker_quota.sh" -- --iptables=false --bridge=none || exit 1
 fi
 if ! docker info >/dev/null 2>&1; then
   command -v dockerd >/dev/null || apt_install docker.io

@@ -5,18 +5,23 @@
 #   1. XFS mounted with project quotas (pquota): overlay2 puts each container's writable layer
 #      under a project quota of `size`; a write past it fails with ENOSPC.
 #   2. else Btrfs with simple quotas (kernels built without XFS quota support, such as this
-#      project's VMs; simple quotas need Linux 6.7+): the btrfs driver puts each container's
-#      subvolume under a qgroup limit, which under simple quotas counts what the container
-#      wrote; a write past it fails with EDQUOT ("Disk quota exceeded"). Never full qgroups
-#      (`btrfs quota enable`): under them each removed container leaves the kernel's cleaner a
-#      backreference walk, the backlog grows with the count and creating and removing slow from
-#      about 2 s to tens of seconds within a few hundred sandboxes (RELIABILITY.md, "Disk").
+#      project's VMs; simple quotas need Linux 6.7+), with the overlay2 driver on it: each
+#      sandbox's writable layer is made a subvolume limited to its disk_mb by sandbox/docker.py
+#      (sandbox/btrfs.py) between the container's create and start, so a write past it fails
+#      with EDQUOT ("Disk quota exceeded"), and removing a container stays overlay2's directory
+#      removal. Not the btrfs storage driver: it snapshots the image for every container and walks
+#      the image's whole tree at every removal (about 1.4 s more a sandbox than overlay2 here);
+#      never full qgroups (`btrfs quota enable`): each removed container leaves the kernel's
+#      cleaner a backreference walk, a backlog that grows with the count (RELIABILITY.md, "Disk").
 #      scripts/btrfs_squota.py sets the mode (Debian 12's btrfs-progs has no switch for it).
 #   3. else the plain daemon on its default data root (and sandbox/docker.py watches the disk).
 #
-# Upgrades: an engine left by an earlier version of this script on btrfs with full qgroups
-# (it answers, its data root is btrfs in qgroup mode) is moved to simple quotas in place, while
-# it runs; containers made before keep no limit, every new one gets it.
+# Upgrades: an engine an earlier version of this script started (the btrfs driver at this
+# script's data root) is moved: its filesystem to simple quotas at once, then, where it runs no
+# container, the engine itself is stopped and started again with overlay2 on the same filesystem
+# (the btrfs driver's images are not carried over: ./setup.sh builds the base image again; its
+# old layers stay under DATA_ROOT/btrfs until removed). With containers running it is left on
+# simple quotas and the one command that finishes the move is said.
 #
 # The filesystem lives in a sparse loop file (its size is capped by the free space beside it),
 # mounted at the daemon's data root. Idempotent: a data root already mounted is reused, a loop
@@ -66,22 +71,37 @@ case "$FS" in auto|xfs|btrfs|plain) ;; *) echo "error: SAO_DOCKER_FS=$FS: auto, 
 SQUOTA="$(dirname "${BASH_SOURCE[0]}")/btrfs_squota.py"
 PY3="${SAO_SYSTEM_PYTHON:-python3}"
 
+engine_pid() {  # the pid of the dockerd serving $HOST from $DATA_ROOT ('' if none)
+  local pid
+  for pid in $(pgrep -x dockerd); do
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--data-root $DATA_ROOT " && { echo "$pid"; return; }
+  done
+}
+
 if answers; then
   driver=$(DOCKER_HOST="$HOST" docker info --format '{{.Driver}}' 2>/dev/null)
   root=$(DOCKER_HOST="$HOST" docker info --format '{{.DockerRootDir}}' 2>/dev/null)
-  if [ "$driver" = btrfs ] && [ -d "$root" ] && [ "$("$PY3" "$SQUOTA" "$root" --check 2>/dev/null)" = qgroup ]; then
-    # an earlier version's engine: full qgroups make every removal cost more than the one before
-    say "the Docker engine at $HOST keeps its data on btrfs with full qgroups ($root): moving it to simple quotas"
-    if mode=$("$PY3" "$SQUOTA" "$root") && [ "$mode" = squota ]; then
-      say "moved: new sandboxes' disk limits are simple quotas (those made before keep none)"
-      echo "bound: quota (btrfs, simple quotas)"
+  if [ "$driver" = btrfs ] && [ "$root" = "$DATA_ROOT" ]; then
+    # an earlier version's engine: the btrfs driver, and maybe full qgroups
+    say "the Docker engine at $HOST is an earlier setup's (the btrfs driver at $DATA_ROOT): moving it"
+    mode=$("$PY3" "$SQUOTA" "$DATA_ROOT") || { warn "could not turn on simple quotas on $DATA_ROOT"; exit 1; }
+    say "its filesystem is under simple quotas now (full qgroups, if they were on, are off)"
+    running=$(DOCKER_HOST="$HOST" docker ps -q 2>/dev/null | wc -l)
+    pid=$(engine_pid)
+    if [ "$running" != 0 ] || [ -z "$pid" ] || [ "${SAO_DOCKER_MOVE:-1}" = 0 ]; then
+      warn "left running on the btrfs driver ($running container(s) running): each removal still walks the image;"
+      warn "to finish the move once they are done: sudo SAO_DOCKER_MOVE=1 $0  (./setup.sh then builds the base image again)"
+      echo "bound: quota (btrfs driver, simple quotas)"
       exit 0
     fi
-    warn "could not move $root to simple quotas; stop that engine and run this script again, or run \`SAO_DOCKER_QUOTA=0 ./setup.sh\` after stopping it for the plain engine"
-    exit 1
+    say "stopping it (pid $pid) to start it again with overlay2 on the same filesystem"
+    kill "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -0 "$pid" 2>/dev/null && { warn "dockerd (pid $pid) did not stop within 60 s"; exit 1; }
+  else
+    say "a Docker engine already answers at $HOST (storage driver $driver): left as it is"
+    exit 0
   fi
-  say "a Docker engine already answers at $HOST (storage driver $driver): left as it is"
-  exit 0
 fi
 
 squota() {  # btrfs at $DATA_ROOT under simple quotas: 0, else 1 (said)
@@ -169,16 +189,15 @@ start_dockerd() {  # dockerd with "$@" in the background; 0 once it answers
 fs=""
 if [ "$FS" != plain ]; then
   if fs=$(mount_fs "$FS"); then
-    driver=overlay2; [ "$fs" = btrfs ] && driver=btrfs
-    say "starting dockerd on $fs at $DATA_ROOT (storage driver $driver; log: $LOG)"
-    if start_dockerd --data-root "$DATA_ROOT" --storage-driver "$driver"; then
+    say "starting dockerd on $fs at $DATA_ROOT (storage driver overlay2; log: $LOG)"
+    if start_dockerd --data-root "$DATA_ROOT" --storage-driver overlay2; then
       # overlay2 takes project quotas only where its test quota works: check the engine agrees
       backing=$(DOCKER_HOST="$HOST" docker info --format '{{range .DriverStatus}}{{index . 0}}={{index . 1}};{{end}}' 2>/dev/null)
-      if [ "$fs" = btrfs ] || [[ "$backing" == *"Backing Filesystem=xfs"* ]]; then
-        echo "bound: quota ($fs$([ "$fs" = btrfs ] && echo ', simple quotas'))"
+      if [[ "$backing" == *"Backing Filesystem=$fs"* ]]; then
+        echo "bound: quota ($fs$([ "$fs" = btrfs ] && echo ', simple quotas, a subvolume a sandbox'))"
         exit 0
       fi
-      warn "the engine reports '$backing', not overlay2 on xfs"
+      warn "the engine reports '$backing', not overlay2 on $fs"
       echo "bound: watch (the engine on $DATA_ROOT takes no quota)"
       exit 0
     fi
