@@ -153,6 +153,11 @@ def _find_quota_fs(docker_client: docker.DockerClient, image: str) -> tuple[str,
     except docker.errors.ImageNotFound:
         raise
     except docker.errors.APIError as e:
+        if fs == "btrfs" and "quota exceeded" in str(e.explanation or e).lower():
+            # full qgroups: the probe's limit, under the image's size, is passed as the engine
+            # writes the container's first files (resolv.conf): the engine takes sizes
+            _warn_full_qgroups()
+            return "btrfs", ""
         return "", f"the engine ({driver} on {backing or fs}) refused --storage-opt size: {e.explanation or e}"
     try:
         if fs == "btrfs":
@@ -163,10 +168,14 @@ def _find_quota_fs(docker_client: docker.DockerClient, image: str) -> tuple[str,
         except docker.errors.APIError:
             pass  # the sweep removes it
     if fs == "btrfs":
-        log.warning("sandbox disk limit: btrfs with full qgroups: every removed sandbox leaves the kernel a costly "
-                    "clean-up that grows with the count (RELIABILITY.md); scripts/docker_quota.sh moves the engine "
-                    "to simple quotas")
+        _warn_full_qgroups()
     return fs, ""
+
+
+def _warn_full_qgroups() -> None:
+    log.warning("sandbox disk limit: btrfs with full qgroups: every removed sandbox leaves the kernel a costly "
+                "clean-up that grows with the count (RELIABILITY.md, \"Disk\"); ./setup.sh (scripts/docker_quota.sh) "
+                "moves an engine it started to overlay2 on simple quotas")
 
 
 def _layer_subvolume_ok(docker_client: docker.DockerClient, root: str) -> tuple[str, str]:

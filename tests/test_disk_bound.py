@@ -108,6 +108,13 @@ def test_the_bound_found_for_each_engine(driver, backing, refuse, squota, want):
         assert (refuse or driver) in sd.no_quota_why(c)
 
 
+def test_full_qgroups_are_told_by_the_probe_refused_at_create():
+    """Under full qgroups the probe's 8 MiB limit is passed as the engine writes the container's
+    first files, so its create is refused: still a btrfs engine that takes sizes (counting the image)."""
+    c = FakeClient("btrfs", refuse="open .../etc/resolv.conf: disk quota exceeded")
+    assert sd.quota_fs(c) == "btrfs" and sd.disk_bound_of(c) == "quota"
+
+
 def test_the_bound_is_found_once_per_engine():
     c = FakeClient("overlay2", "xfs")
     for _ in range(3):
