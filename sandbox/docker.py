@@ -102,7 +102,8 @@ def quota_fs(docker_client: docker.DockerClient, image: str = DEFAULT_IMAGE) -> 
             fs, why = _find_quota_fs(docker_client, image)
             _quota_fs[key], _quota_why[key] = fs, why
             if fs:
-                log.info("sandbox disk limit: a %s quota (--storage-opt size) at %s: a write past it fails", fs, key)
+                how = "each sandbox's layer a limited subvolume" if fs == LAYER_SUBVOLUME else "--storage-opt size"
+                log.info("sandbox disk limit: a %s quota (%s) at %s: a write past it fails", fs, how, key)
             else:
                 log.warning("sandbox disk limit: watched, not a quota (%s); a command is killed within about "
                             "%.0f s of passing it, so a fast writer gets past it first", why, DISK_POLL_S)
