@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.disk_bound import one as disk_write
-from benchmarks.sandbox import percentile
+from benchmarks.common import percentile
 from sandbox.base import Limits
 from sandbox.docker import DockerSandbox, client, no_quota_why, quota_fs
 

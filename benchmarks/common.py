@@ -4,6 +4,7 @@ back into rates (benchmarks/async_vs_sync.py, benchmarks/throughput.py); a resul
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -76,3 +77,9 @@ def rates(out: Path, batch_size: int) -> dict[str, float]:
         "rollouts_timed": float(rollouts),
         "run_s": last["time/elapsed_s"],
     }
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The nearest-rank `q`-th percentile (q in [0, 100]) of `xs`."""
+    ranked = sorted(xs)
+    return ranked[min(len(ranked), max(1, math.ceil(q / 100 * len(ranked)))) - 1]

@@ -31,18 +31,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.common import percentile
 from taskdata.load import load_builtin_tasks
 from envs.swe import SWEEnv
 from sandbox.pool import SandboxPool
 
 OPS = ("create", "first_exec", "remove", "grade")
 MODES = ("cold", "warm")
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """The nearest-rank `q`-th percentile (q in [0, 100]) of `xs`."""
-    ranked = sorted(xs)
-    return ranked[min(len(ranked), max(1, math.ceil(q / 100 * len(ranked)))) - 1]
 
 
 def _in_threads(threads: int, per_thread: int, one) -> float:
