@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,6 +37,27 @@ def torchrun(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
+
+
+def children(pid: int) -> list[int]:
+    """The ids of `pid`'s child processes (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def state_of(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}") / "status").read_text().split("State:")[1].split("\n")[0]
+    except (OSError, IndexError):
+        return "zombie"  # gone
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +128,20 @@ def test_training_run_under_torchrun_tp2_is_killed_and_resumes(tiny, tmp_path):
     while not (out / "checkpoints" / "step_1" / "run_state.json").exists() and first.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint after 10 minutes"
         time.sleep(0.5)
-    os.killpg(first.pid, signal.SIGKILL)  # the whole run, every rank, mid-training
+    # the whole run, every rank, mid-training: torchrun starts each rank in a session of its own
+    # (torch's SubprocessHandler), so killing torchrun's group alone left the ranks running on
+    # to the end of the run beside the resumed one
+    ranks = children(first.pid)
+    assert ranks, "torchrun has no rank processes"
+    os.killpg(first.pid, signal.SIGKILL)
+    for rank in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rank, signal.SIGKILL)
     first.wait()
+    for rank in ranks:  # gone before the resumed run starts
+        while Path(f"/proc/{rank}").exists() and "zombie" not in state_of(rank):
+            assert time.monotonic() < deadline, f"rank process {rank} still alive after SIGKILL"
+            time.sleep(0.1)
     second = torchrun(*args[:-1], "trainer.max_steps=3")
     text = second.stdout + second.stderr
     assert "resumed from" in text and "learner: 2 ranks, tensor 2 x pipeline 1 x data 1" in text
