@@ -1,8 +1,15 @@
 """TRL's GRPOTrainer (the peer a user would pick instead) beside this project's SAO and GRPO,
-on the same env, prompts and model: reward against samples and against wall time, one run.
+on the same env, prompts and model: reward against samples and against wall time.
 
     python -m experiments.peer [--steps 16] [--batch-size 16] [--engine auto] [--quick]
+        [--cases trl_grpo sao grpo ...] [--seeds 0 1 2] [--cpu]
         [--output FILE.json] [--plot FILE.png] [overrides ...]
+
+`--cases` picks the runs (CASES below: TRL, and the project's GRPO and SAO streaming as the
+default run does, synchronous and on-policy as TRL is, synchronous with every sample exactly k
+versions old, or sampled by transformers' generate as TRL samples), `--seeds` repeats each
+(`seed=S` reaches TRL's GRPOConfig and the project's run alike); the table gives each case's
+mean over the seeds and its standard error.
 
 The env is `prefer` (a hidden preferred digit named through the `answer` tool), the model the
 embedded tiny one after its SFT warm start (`training.factories.prepare_model`, the same cached
@@ -26,7 +33,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from statistics import mean
+from statistics import mean, stdev
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -38,8 +45,23 @@ from benchmarks.cpu import GROUPS, CpuAccount, count_lines, window
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(stderr=True)
-RUNS = ("trl_grpo", "sao", "grpo")
-LABELS = {"trl_grpo": "TRL GRPOTrainer", "sao": "project SAO", "grpo": "project GRPO"}
+# name: (label, the project's algo (None: TRL), its overrides). Streaming is the project's default
+# (trainer.mode=async: rollouts sampled while the learner steps, staleness set by timing);
+# sync waits for the whole batch, trains, then syncs (on-policy, as TRL); engine_lag=k samples
+# every rollout with the policy of exactly k versions ago, so staleness is set, not timed.
+CASES = {
+    "trl_grpo": ("TRL GRPOTrainer", None, []),
+    "sao": ("project SAO", "sao", []),
+    "grpo": ("project GRPO", "grpo", []),
+    "grpo_sync": ("project GRPO, synchronous", "grpo", ["trainer.mode=sync"]),
+    "grpo_sync_hf": ("project GRPO, synchronous, HF generate", "grpo", ["trainer.mode=sync", "engine=hf"]),
+    "grpo_lag1": ("project GRPO, every sample 1 version old", "grpo", ["trainer.mode=sync", "trainer.engine_lag=1"]),
+    "grpo_lag4": ("project GRPO, every sample 4 versions old", "grpo", ["trainer.mode=sync", "trainer.engine_lag=4"]),
+    "sao_sync": ("project SAO, synchronous", "sao", ["trainer.mode=sync"]),
+    "sao_lag4": ("project SAO, every sample 4 versions old", "sao", ["trainer.mode=sync", "trainer.engine_lag=4"]),
+}
+DEFAULT_CASES = ("trl_grpo", "sao", "grpo")
+LABELS = {name: label for name, (label, _, _) in CASES.items()}
 GROUP_SIZE = 8  # GRPO-style group, TRL's num_generations and the project's algo.group_size
 MINIBATCHES = 4  # the project's GRPO: optimizer steps per batch against one pi_old (conf/algo/grpo.yaml)
 UNMATCHED = [
@@ -60,12 +82,15 @@ UNMATCHED = [
 
 
 # -- the project's runs ----------------------------------------------------------------------
-def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
-    """One `training.run` of `algo` on the prefer env; its reward curve from metrics.jsonl."""
-    cmd = [sys.executable, "-m", "training.run", "+experiment=peer_prefer", f"algo={algo}",
+def project_run(name: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """One `training.run` of case `name` on the prefer env; its reward curve from metrics.jsonl."""
+    _, algo, extra = CASES[name]
+    engine = [o for o in extra if o.startswith("engine=")] or [f"engine={args.engine}"]
+    extra = [o for o in extra if not o.startswith("engine=")]
+    cmd = [sys.executable, "-m", "training.run", "+experiment=peer_prefer", f"algo={algo}", *extra,
            f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch_size}",
-           f"trainer.checkpoint_every={args.steps}", f"engine={args.engine}", "resume=false",
-           f"output_dir={out}", f"run_id=bench-peer-{algo}-{int(time.time())}", *args.overrides]
+           f"trainer.checkpoint_every={args.steps}", *engine, "resume=false", f"seed={seed}",
+           f"output_dir={out}", f"run_id=bench-peer-{name}-s{seed}-{int(time.time())}", *args.overrides]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     account = CpuAccount(proc.pid, count_lines(out / "metrics.jsonl")).start() if args.cpu else None
@@ -73,10 +98,10 @@ def project_run(algo: str, args: argparse.Namespace, out: Path) -> dict:
     process_s = time.monotonic() - t0
     samples = account.stop() if account else None
     if proc.returncode != 0:
-        raise SystemExit(f"{algo} run failed ({' '.join(cmd)}):\n{stderr[-3000:]}")
+        raise SystemExit(f"{name} run failed ({' '.join(cmd)}):\n{stderr[-3000:]}")
     rows = read_jsonl(out / "metrics.jsonl")
     curve = [{"step": row["step"], "samples": row["step"] * args.batch_size, "reward": row["reward/mean"],
-              "elapsed_s": row["time/elapsed_s"],
+              "elapsed_s": row["time/elapsed_s"], "staleness": row.get("staleness/mean"),
               **{k: row[k] for k in row if k.startswith(("time/step/", "time/share/", "time/rollout/", "time/learner/"))}}
              for row in rows]
     return {"curve": curve, "process_s": process_s, **cpu_of(samples, args)}
@@ -210,14 +235,37 @@ def summary(run: dict) -> dict:
     """Reward over the first and the last 20% of samples, samples per second of training,
     training wall time (from the start of the training loop to the end of the last step) and
     the run's whole time: the subprocess of a project run (start-up: model, engine, Docker),
-    TRL's from loading the model (its import, which loads vLLM, is not counted)."""
+    TRL's from loading the model (its import, which loads vLLM, is not counted); for a project
+    run, the mean staleness of its samples (versions behind the learner)."""
     curve = run["curve"]
     total = curve[-1]["samples"]
     tail = [r["reward"] for r in curve if r["samples"] > 0.8 * total] or [curve[-1]["reward"]]
     head = [r["reward"] for r in curve if r["samples"] <= 0.2 * total] or [curve[0]["reward"]]
     wall = curve[-1]["elapsed_s"]
+    stale = [r["staleness"] for r in curve if r.get("staleness") is not None]
     return {"samples": total, "reward_first_20pct": mean(head), "reward_last_20pct": mean(tail),
-            "samples_per_s": total / wall, "train_s": wall, "process_s": run["process_s"]}
+            "samples_per_s": total / wall, "train_s": wall, "process_s": run["process_s"],
+            "staleness_mean": mean(stale) if stale else 0.0}
+
+
+def over_seeds(by_seed: dict[str, dict]) -> dict:
+    """A case's summaries over its seeds: each figure's mean, and for the rewards the standard
+    error of that mean (0 with one seed) and each seed's value."""
+    sums = [run["summary"] for run in by_seed.values()]
+    out = {k: mean(s[k] for s in sums) for k in sums[0]}
+    for k in ("reward_first_20pct", "reward_last_20pct"):
+        values = [s[k] for s in sums]
+        out[f"{k}_se"] = stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+        out[f"{k}_by_seed"] = values
+    out["seeds"] = len(sums)
+    return out
+
+
+def mean_curve(by_seed: dict[str, dict]) -> list[dict]:
+    """The seeds' curves step by step: the mean reward and the mean wall time of each step."""
+    curves = [run["curve"] for run in by_seed.values()]
+    return [{"samples": rows[0]["samples"], "reward": mean(r["reward"] for r in rows),
+             "elapsed_s": mean(r["elapsed_s"] for r in rows)} for rows in zip(*curves)]
 
 
 def plot(results: dict, path: Path, window: int = 4) -> None:
@@ -227,8 +275,10 @@ def plot(results: dict, path: Path, window: int = 4) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for name in RUNS:
-        curve = results[name]["curve"]
+    seeds = 0
+    for name, case in results.items():
+        curve = mean_curve(case["by_seed"])
+        seeds = max(seeds, len(case["by_seed"]))
         reward = [r["reward"] for r in curve]
         smooth = [mean(reward[max(0, i - window + 1): i + 1]) for i in range(len(reward))]
         for ax, x in zip(axes, ("samples", "elapsed_s")):
@@ -237,11 +287,12 @@ def plot(results: dict, path: Path, window: int = 4) -> None:
             ax.plot(xs, reward, "o", ms=3, alpha=0.3, color=line.get_color())
     axes[0].set_xlabel("samples (completions graded)")
     axes[1].set_xlabel("training wall seconds")
-    axes[0].set_ylabel(f"reward (dots: a batch; line: mean of last {window})")
+    what = "a batch" if seeds == 1 else f"a batch, mean of {seeds} seeds"
+    axes[0].set_ylabel(f"reward (dots: {what}; line: mean of last {window})")
     for ax in axes:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[1].legend(loc="lower right")
+    axes[1].legend(loc="lower right", fontsize=7)
     fig.suptitle("prefer env, tiny Qwen2 after SFT: TRL GRPOTrainer vs this project's SAO and GRPO")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,12 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=16, help="learner steps of each run (TRL: generation batches)")
     p.add_argument("--batch-size", type=int, default=16, help="samples per step, a multiple of 8 (a GRPO group)")
     p.add_argument("--engine", default="auto", help="the project's engine (auto: vLLM where installed)")
+    p.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), metavar="CASE",
+                   help=f"the runs, in this order: {', '.join(CASES)} (default: {' '.join(DEFAULT_CASES)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="each case once per seed (default: 0)")
     p.add_argument("--quick", action="store_true", help="2 steps of 8 samples each, engine hf, a 10-step SFT (tests)")
     p.add_argument("--cpu", action="store_true", help="also account the machine's CPU seconds per sample by "
                    "process group (trainer, engine, Docker, containers: benchmarks/cpu.py), from step 1 to the last")
-    p.add_argument("--output", type=Path, help="the raw curves and summaries as JSON")
+    p.add_argument("--output", type=Path, help="the raw curves and summaries as JSON (written after every run)")
     p.add_argument("--plot", type=Path, help="reward vs samples and vs wall seconds (PNG)")
-    p.add_argument("overrides", nargs="*", help="more training.run overrides, for all three runs (model.* too)")
+    p.add_argument("overrides", nargs="*", help="more training.run overrides, for all runs (model.* too)")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch_size, args.engine = 2, 8, "hf"
@@ -274,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size % GROUP_SIZE or args.batch_size % MINIBATCHES:
         p.error(f"--batch-size {args.batch_size}: must be a multiple of {GROUP_SIZE} (whole groups) "
                 f"and of {MINIBATCHES} (GRPO's minibatches)")
+    unknown = [c for c in args.cases if c not in CASES]
+    if unknown:
+        p.error(f"--cases: no case {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+    if len(set(args.cases)) < len(args.cases) or len(set(args.seeds)) < len(args.seeds):
+        p.error("--cases and --seeds: each at most once")
+    if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in args.overrides):
+        p.error("give the seed with --seeds, not as an override (it goes to TRL and to every project run)")
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")  # its vLLM path is not used
     try:
         import trl
@@ -283,46 +344,61 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = composed(args.overrides)
     model_path = prepare_model(cfg.model)  # the cached SFT checkpoint every run starts from
-    results: dict[str, dict] = {}
+    results: dict[str, dict] = {name: {"by_seed": {}} for name in args.cases}
+    report = {"steps": args.steps, "batch_size": args.batch_size, "engine": args.engine, "model": model_path,
+              "trl_version": trl.__version__, "lr_policy": cfg.model.algo_overrides.lr_policy,
+              "max_new_tokens": cfg.sources[0].agent.max_new_tokens, "seeds": args.seeds,
+              "cases": {name: {"label": LABELS[name], "overrides": CASES[name][2]} for name in args.cases},
+              "unmatched": UNMATCHED, "runs": results}
     with tempfile.TemporaryDirectory(prefix="sao-peer-") as tmp:
-        console.print(f"TRL {trl.__version__} GRPOTrainer: {args.steps} x {args.batch_size} samples")
-        results["trl_grpo"] = trl_run(cfg, model_path, args, Path(tmp) / "trl")
-        for algo in ("sao", "grpo"):
-            console.print(f"project {algo}: {args.steps} x {args.batch_size} samples")
-            results[algo] = project_run(algo, args, Path(tmp) / algo)
-    for name in RUNS:
-        results[name]["summary"] = summary(results[name])
+        for seed in args.seeds:
+            for name in args.cases:
+                console.print(f"{LABELS[name]}, seed {seed}: {args.steps} x {args.batch_size} samples"
+                              + (f" (TRL {trl.__version__})" if CASES[name][1] is None else ""))
+                out = Path(tmp) / f"{name}-s{seed}"
+                if CASES[name][1] is None:
+                    run = trl_run(composed([*args.overrides, f"seed={seed}"]), model_path, args, out)
+                else:
+                    run = project_run(name, seed, args, out)
+                run["summary"] = summary(run)
+                results[name]["by_seed"][str(seed)] = run
+                results[name]["summary"] = over_seeds(results[name]["by_seed"])
+                if args.output:  # a long sweep keeps what it has done
+                    args.output.parent.mkdir(parents=True, exist_ok=True)
+                    args.output.write_text(json.dumps(report, indent=2))
 
-    table = Table(title=f"prefer env, tiny model after SFT: {args.steps} steps x {args.batch_size} samples "
+    n = len(args.seeds)
+    table = Table(title=f"prefer env, tiny model after SFT: {args.steps} steps x {args.batch_size} samples, "
+                        f"seed{'s' if n > 1 else ''} {' '.join(map(str, args.seeds))} "
                         f"(project engine {args.engine}; TRL {trl.__version__})")
-    for col in ("run", "samples", "reward first 20%", "reward last 20%", "samples/s", "train s", "process s"):
+    cols = ("run", "samples", "reward first 20%", "reward last 20%" + (f" (mean of {n} ± s.e.)" if n > 1 else ""),
+            "staleness", "samples/s", "train s", "process s")
+    for col in cols:
         table.add_column(col, justify="left" if col == "run" else "right")
-    for name in RUNS:
+    for name in args.cases:
         s = results[name]["summary"]
-        table.add_row(LABELS[name], str(s["samples"]), f"{s['reward_first_20pct']:.3f}", f"{s['reward_last_20pct']:.3f}",
+        last = f"{s['reward_last_20pct']:.3f}" + (f" ± {s['reward_last_20pct_se']:.3f}" if n > 1 else "")
+        table.add_row(LABELS[name], str(s["samples"]), f"{s['reward_first_20pct']:.3f}", last,
+                      "" if CASES[name][1] is None else f"{s['staleness_mean']:.2f}",
                       f"{s['samples_per_s']:.2f}", f"{s['train_s']:.0f}", f"{s['process_s']:.0f}")
-    Console(width=140).print(table)
+    Console(width=160).print(table)
     Console(width=140).print("settings not matched:\n" + "\n".join(f"- {u}" for u in UNMATCHED))
     if args.cpu:
         cpu = Table(title="the machine's CPU seconds per sample, by process group, from the end of step 1 to the last "
-                          "(benchmarks/cpu.py)")
+                          f"(benchmarks/cpu.py; seed {args.seeds[0]})")
         for col in ("run", *GROUPS, "busy", "wall s / sample"):
             cpu.add_column(col, justify="left" if col == "run" else "right")
-        for name in RUNS:
-            c = results[name].get("cpu")
+        for name in args.cases:
+            c = results[name]["by_seed"][str(args.seeds[0])].get("cpu")
             if c:
                 per = c["per_sample"]
                 cpu.add_row(LABELS[name], *(f"{per[g]:.3f}" for g in (*GROUPS, "busy", "wall_s")))
         Console(width=160).print(cpu)
-    report = {"steps": args.steps, "batch_size": args.batch_size, "engine": args.engine, "model": model_path,
-              "trl_version": trl.__version__, "lr_policy": cfg.model.algo_overrides.lr_policy,
-              "max_new_tokens": cfg.sources[0].agent.max_new_tokens, "unmatched": UNMATCHED, "runs": results}
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(report, indent=2))
     if args.plot:
         plot(results, args.plot)
-    print(json.dumps({name: results[name]["summary"] for name in RUNS}))
+    print(json.dumps({name: results[name]["summary"] for name in args.cases}))
     return 0
 
 

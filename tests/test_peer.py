@@ -1,6 +1,6 @@
-"""experiments/peer.py in --quick mode: TRL's GRPOTrainer and the project's SAO and GRPO each
-train a few steps on the prefer env and every run reports rewards (no timings are asserted:
-they are measured in BENCHMARKS.md)."""
+"""experiments/peer.py in --quick mode: TRL's GRPOTrainer and the project's SAO and (synchronous)
+GRPO each train a few steps on the prefer env and every run reports rewards (no timings are
+asserted: they are measured in BENCHMARKS.md); the summary over seeds, and bad arguments."""
 
 import json
 import subprocess
@@ -16,12 +16,16 @@ pytest.importorskip("trl", reason="TRL is not installed (the `peer` extra: pip i
 @pytest.mark.docker
 def test_peer_benchmark_quick_runs_all_three(tmp_path, docker_client):
     out, png = tmp_path / "peer.json", tmp_path / "peer.png"
-    r = subprocess.run([sys.executable, "-m", "experiments.peer", "--quick", "--cpu", "--output", str(out), "--plot", str(png)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    cases = ["trl_grpo", "sao", "grpo_sync"]
+    r = subprocess.run([sys.executable, "-m", "experiments.peer", "--quick", "--cpu", "--cases", *cases, "--seeds", "3",
+                        "--output", str(out), "--plot", str(png)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert set(report["runs"]) == {"trl_grpo", "sao", "grpo"} and report["unmatched"]
-    for name, run in report["runs"].items():
+    assert list(report["runs"]) == cases and report["unmatched"] and report["seeds"] == [3]
+    assert report["cases"]["grpo_sync"]["overrides"] == ["trainer.mode=sync"]
+    for name, case in report["runs"].items():
+        (seed, run), = case["by_seed"].items()
+        assert seed == "3" and case["summary"]["seeds"] == 1 and case["summary"]["reward_last_20pct_se"] == 0
         curve = run["curve"]
         assert [row["step"] for row in curve] == [1, 2], name
         assert [row["samples"] for row in curve] == [8, 16], name
@@ -32,10 +36,44 @@ def test_peer_benchmark_quick_runs_all_three(tmp_path, docker_client):
         per = run["cpu"]["per_sample"]
         assert per["trainer"] > 0 and per["docker"] + per["containers"] + per["unsampled"] > 0, (name, per)
         assert all(v >= 0 for v in per.values()), (name, per)
-    assert report["runs"]["trl_grpo"]["settings"]["num_generations"] == 8
-    assert report["runs"]["trl_grpo"]["settings"]["beta"] == 0.0
+    trl_settings = report["runs"]["trl_grpo"]["by_seed"]["3"]["settings"]
+    assert trl_settings["num_generations"] == 8 and trl_settings["beta"] == 0.0
+    # the synchronous run trains on-policy: every sample of the learner's own version
+    assert report["runs"]["grpo_sync"]["summary"]["staleness_mean"] == 0
     summaries = json.loads(r.stdout.strip().splitlines()[-1])
-    assert set(summaries) == {"trl_grpo", "sao", "grpo"}
-    assert "TRL GRPOTrainer" in r.stdout and "project SAO" in r.stdout and "settings not matched" in r.stdout
+    assert set(summaries) == set(cases)
+    assert "TRL GRPOTrainer" in r.stdout and "project SAO" in r.stdout and "synchronous" in r.stdout
+    assert "settings not matched" in r.stdout
     assert "CPU seconds per sample" in r.stdout
     assert png.stat().st_size > 10_000
+
+
+def test_the_summary_over_seeds_is_the_mean_and_its_standard_error():
+    from experiments.peer import over_seeds, summary
+
+    def run(rewards):
+        curve = [{"step": i + 1, "samples": 16 * (i + 1), "reward": x, "elapsed_s": 10.0 * (i + 1), "staleness": 1.0}
+                 for i, x in enumerate(rewards)]
+        r = {"curve": curve, "process_s": 200.0}
+        return {**r, "summary": summary(r)}
+
+    # 10 steps: the last 20% of samples are steps 9 and 10
+    by_seed = {"0": run([0.0] * 8 + [0.5, 0.5]), "1": run([0.0] * 8 + [0.25, 0.25]), "2": run([0.0] * 8 + [0.0, 0.0])}
+    s = over_seeds(by_seed)
+    assert s["seeds"] == 3 and s["reward_last_20pct_by_seed"] == [0.5, 0.25, 0.0]
+    assert s["reward_last_20pct"] == pytest.approx(0.25) and s["reward_last_20pct_se"] == pytest.approx(0.25 / 3 ** 0.5)
+    assert s["staleness_mean"] == 1.0 and s["samples_per_s"] == pytest.approx(1.6)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--cases", "grpo", "nope"], "no case nope"),
+    (["--cases", "grpo", "grpo"], "each at most once"),
+    (["--seeds", "1", "1"], "each at most once"),
+    (["seed=4"], "give the seed with --seeds"),
+])
+def test_bad_arguments_are_refused(argv, said, capsys):
+    from experiments.peer import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert said in capsys.readouterr().err
