@@ -3,13 +3,14 @@ on the same env, prompts and model: reward against samples and against wall time
 
     python -m experiments.peer [--steps 16] [--batch-size 16] [--engine auto] [--quick]
         [--cases trl_grpo sao grpo ...] [--seeds 0 1 2] [--cpu]
-        [--output FILE.json] [--plot FILE.png] [overrides ...]
+        [--output FILE.json [--resume]] [--plot FILE.png] [overrides ...]
 
 `--cases` picks the runs (CASES below: TRL, and the project's GRPO and SAO streaming as the
 default run does, synchronous and on-policy as TRL is, synchronous with every sample exactly k
 versions old, or sampled by transformers' generate as TRL samples), `--seeds` repeats each
 (`seed=S` reaches TRL's GRPOConfig and the project's run alike); the table gives each case's
-mean over the seeds and its standard error.
+mean over the seeds and its standard error. The JSON is written after every run; with `--resume`
+a sweep cut short goes on, the runs the file holds kept (its settings must be these).
 
 The env is `prefer` (a hidden preferred digit named through the `answer` tool), the model the
 embedded tiny one after its SFT warm start (`training.factories.prepare_model`, the same cached
@@ -268,6 +269,19 @@ def mean_curve(by_seed: dict[str, dict]) -> list[dict]:
              "elapsed_s": mean(r["elapsed_s"] for r in rows)} for rows in zip(*curves)]
 
 
+def kept_runs(saved: dict, report: dict) -> dict[str, dict]:
+    """The runs of a sweep written earlier that this one keeps (`--resume`): those of its cases
+    and seeds; a file of other settings is refused (a ValueError naming the field)."""
+    for key in ("steps", "batch_size", "engine", "model", "lr_policy", "max_new_tokens", "overrides"):
+        a, b = saved.get(key), report[key]
+        if key == "model":  # the SFT cache's folder, named by what made it; its parent is the machine's
+            a, b = Path(a or "").name, Path(b).name
+        if a != b:
+            raise ValueError(f"--resume: the runs saved in it have {key}={a!r}, this sweep {b!r}")
+    return {name: {seed: run for seed, run in saved["runs"][name]["by_seed"].items() if int(seed) in report["seeds"]}
+            for name in report["runs"] if name in saved.get("runs", {})}
+
+
 def plot(results: dict, path: Path, window: int = 4) -> None:
     import matplotlib
 
@@ -319,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="also account the machine's CPU seconds per sample by "
                    "process group (trainer, engine, Docker, containers: benchmarks/cpu.py), from step 1 to the last")
     p.add_argument("--output", type=Path, help="the raw curves and summaries as JSON (written after every run)")
+    p.add_argument("--resume", action="store_true", help="keep the runs --output already holds (same settings), run the rest")
     p.add_argument("--plot", type=Path, help="reward vs samples and vs wall seconds (PNG)")
     p.add_argument("overrides", nargs="*", help="more training.run overrides, for all runs (model.* too)")
     args = p.parse_args(argv)
@@ -333,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--cases: no case {', '.join(unknown)}; the cases are {', '.join(CASES)}")
     if len(set(args.cases)) < len(args.cases) or len(set(args.seeds)) < len(args.seeds):
         p.error("--cases and --seeds: each at most once")
+    if args.resume and not args.output:
+        p.error("--resume goes on with the runs in --output FILE: give it")
     if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in args.overrides):
         p.error("give the seed with --seeds, not as an override (it goes to TRL and to every project run)")
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")  # its vLLM path is not used
@@ -349,10 +366,21 @@ def main(argv: list[str] | None = None) -> int:
               "trl_version": trl.__version__, "lr_policy": cfg.model.algo_overrides.lr_policy,
               "max_new_tokens": cfg.sources[0].agent.max_new_tokens, "seeds": args.seeds,
               "cases": {name: {"label": LABELS[name], "overrides": CASES[name][2]} for name in args.cases},
-              "unmatched": UNMATCHED, "runs": results}
+              "overrides": args.overrides, "unmatched": UNMATCHED, "runs": results}
+    if args.resume and args.output.exists():
+        try:
+            done = kept_runs(json.loads(args.output.read_text()), report)
+        except ValueError as e:
+            p.error(f"{args.output}: {e}")
+        for name, by_seed in done.items():
+            results[name]["by_seed"].update(by_seed)
+            results[name]["summary"] = over_seeds(results[name]["by_seed"])
+        console.print(f"--resume: {sum(map(len, done.values()))} runs kept from {args.output}")
     with tempfile.TemporaryDirectory(prefix="sao-peer-") as tmp:
         for seed in args.seeds:
             for name in args.cases:
+                if str(seed) in results[name]["by_seed"]:
+                    continue
                 console.print(f"{LABELS[name]}, seed {seed}: {args.steps} x {args.batch_size} samples"
                               + (f" (TRL {trl.__version__})" if CASES[name][1] is None else ""))
                 out = Path(tmp) / f"{name}-s{seed}"

@@ -70,6 +70,7 @@ def test_the_summary_over_seeds_is_the_mean_and_its_standard_error():
     (["--cases", "grpo", "grpo"], "each at most once"),
     (["--seeds", "1", "1"], "each at most once"),
     (["seed=4"], "give the seed with --seeds"),
+    (["--resume"], "--resume goes on with the runs in --output FILE"),
 ])
 def test_bad_arguments_are_refused(argv, said, capsys):
     from experiments.peer import main
@@ -77,3 +78,18 @@ def test_bad_arguments_are_refused(argv, said, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert said in capsys.readouterr().err
+
+
+def test_resume_keeps_the_runs_of_the_same_settings_and_refuses_others():
+    from experiments.peer import kept_runs
+
+    settings = {"steps": 16, "batch_size": 16, "engine": "auto", "model": "/a/.cache/models/tiny-sft-1", "lr_policy": 2e-4,
+                "max_new_tokens": 32, "overrides": []}
+    saved = {**settings, "model": "/b/.cache/models/tiny-sft-1",  # another machine's checkout: the same model
+             "runs": {"grpo": {"by_seed": {"0": {"x": 1}, "5": {"x": 2}}}, "sao": {"by_seed": {"0": {"x": 3}}}}}
+    report = {**settings, "seeds": [0, 1], "runs": {"grpo": {}, "trl_grpo": {}}}
+    assert kept_runs(saved, report) == {"grpo": {"0": {"x": 1}}}  # seed 5 and SAO are not this sweep's
+    with pytest.raises(ValueError, match="steps=16, this sweep 8"):
+        kept_runs(saved, {**report, "steps": 8})
+    with pytest.raises(ValueError, match="model='tiny-sft-1', this sweep 'tiny-sft-2'"):
+        kept_runs(saved, {**report, "model": "/a/.cache/models/tiny-sft-2"})
