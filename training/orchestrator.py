@@ -324,7 +324,7 @@ class Orchestrator:
             metrics = await self._on(self._learner_thread, self.learner.step, batch, group_ids)
         finally:
             if sleeps:
-                await self._on(self._learner_thread, self.engine.wake_up)
+                await self._on(self._learner_thread, self._release_then_wake)
         learn_s = time.monotonic() - t0
         self.step += 1
         sync_s = 0.0
@@ -369,6 +369,15 @@ class Orchestrator:
         spent = self.on_step(self.step, metrics, batch) or {}  # {"checkpoint": seconds} when it saved one
         self._after_step = {"checkpoint": spent.get("checkpoint", 0.0)}
         self._after_step["log"] = max(0.0, time.monotonic() - t2 - self._after_step["checkpoint"])
+
+    def _release_then_wake(self) -> None:
+        """Colocated: the learner hands back what its step held for itself (without it the CUDA
+        cache keeps the step's peak reserved), then the engine takes its share again; the
+        weight sync comes after. So: sleep, step, release, wake, sync."""
+        try:
+            self.learner.release_memory()
+        finally:
+            self.engine.wake_up()
 
     @staticmethod
     def _snapshot(weights):

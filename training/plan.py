@@ -32,7 +32,10 @@ intermediate size, V vocabulary, L layers):
   statistics) + T e 3 f / tp (the MLP's gate+up and its activation); an MoE layer instead of
   3 f keeps T k e (h + 3 f_moe / tp) for its k routed copies of each token and T E 8 / sp of
   router logits. With `learner.recompute` (full, one layer a checkpoint) a layer keeps only
-  its input, T h e / sp, and one layer's full set is rebuilt in the backward pass. The first
+  its input, T h e / sp, and one layer's full set is rebuilt in the backward pass. Recompute or
+  not, the backward through a layer holds more than that layer kept (`layer_backward_extra`):
+  under sequence parallel the input all-gathered again, T h e, and the MLP intermediate's
+  gradient, T e 3 f / tp (an MoE layer: T k e 3 f_moe / tp). The first
   pipeline stage holds pipeline_parallel micro-batches in flight (1F1B). T is
   `learner.micro_batch_tokens`, or the longest trajectory (agent.max_tokens, capped by
   engine.options.max_model_len) where that is longer: a trajectory is never split. The torch
@@ -40,16 +43,37 @@ intermediate size, V vocabulary, L layers):
   3 g d + 4 f elements, and RMSNorm's fp32 copies below fp32.
 - The loss (last stage): the final hidden states gathered [T, h] and their gradient (2 T h e),
   and one chunk of logits, `learner.logprob_chunk` x V / tp, as the matmul's output, fp32, its
-  softmax and its gradient (e + 12 bytes each). A weight sync's transient (the largest tensor
-  gathered, and the engine's staging copy of it) happens between steps: the larger of the two.
+  softmax and its gradient (e + 12 bytes each). The learner's side of a weight sync
+  (`SyncCosts.learner_side`, below) happens between steps: the larger of the two.
 - Engine (vLLM): its share of the GPU (`engine.options.gpu_memory_utilization` x the GPU;
   unset: `engine_share`) holds its weights / its tensor parallel, its activation peak for
   max_num_batched_tokens N (vLLM's default for the async engine 2048) and max_num_seqs S (128):
   N e (2 h + (2 a + 2 g) d / tp + 3 f / tp) + S V 12 (the sampler's logits, probabilities,
-  logprobs), 1 GiB of CUDA context and NCCL buffers, 1 GiB of CUDA graphs unless
-  enforce_eager, and the KV cache in what is left: 2 max(1, g / tp) d e_kv L bytes a token.
-- A learner process adds 2 GiB (CUDA context, NCCL buffers, allocator slack). Under torchrun
-  the engine's share computed for GPU 0 leaves 5% of the GPU spare besides.
+  logprobs), 1 GiB of CUDA context, vLLM's own communicators and cuBLAS workspaces, 1 GiB of
+  CUDA graphs unless enforce_eager, and the KV cache in what is left: 2 max(1, g / tp) d e_kv L
+  bytes a token.
+- Weight sync (`sync_costs`), by how the weights travel: `ipc` (torchrun: the engine beside
+  rank 0 on one GPU), `inline` (an engine over several GPUs, or runtime=ray's object store:
+  bytes on the host), weights by collective over `nccl` (runtime=ray) or `gloo` (ray.colocate:
+  through the host). B is the bucket (`engine.options.bucket_mb`, agent/engines/collective.py's
+  DEFAULT_BUCKET_BYTES), W the checkpoint's largest tensor as sent. Outside the engine's share,
+  on every GPU of an engine worker, vLLM's layerwise reload holds one rebuilt layer (its largest
+  module, / its tensor parallel) and the chunk that arrived on the GPU: ipc max(B, W) (vLLM
+  clones the staging buffer's tensors), nccl B + W (a bucket closes once it holds B or more),
+  none through the host. A learner rank holds, beside its weights: Megatron's gathered tensor
+  (W) or, by collective, its open bucket of them (B + W), and its send buffer on the GPU (ipc:
+  the staging buffer, max(B, W); nccl: the packed bucket, B + W). Each NCCL communicator of
+  the sync (one per learner rank on each engine worker, one per replica on each learner rank)
+  holds NCCL_BUFFSIZE x NCCL_CHANNELS (4 MiB x 32, the assumption below), outside any share.
+- A learner process adds 2 GiB (CUDA context, its own NCCL groups' buffers, allocator slack).
+  Under torchrun the engine's share computed for GPU 0 leaves 5% of the GPU spare besides.
+- An engine that sleeps while the learner steps (`engine.options.sleep_during_step`,
+  `ray.colocate`): the learner releases its step's memory before the engine wakes
+  (`release_memory`), so what stays allocated beside the awake engine is its weights and
+  optimizer states (and Megatron's gradient buffers, which live as long as the model; the
+  torch learner's gradients go). The GPU then holds the larger of the step's transient beyond
+  what the sleeping engine frees and, with the engine awake, the sync's learner side and its
+  reload.
 """
 
 from __future__ import annotations
@@ -63,13 +87,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from agent.engines.collective import DEFAULT_BUCKET_BYTES
 from training.config import CONF
 from training.learners.base import LayoutError
 
 GiB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 LEARNER_OVERHEAD = 2 * GiB  # a learner process: CUDA context, NCCL buffers, allocator slack
-ENGINE_OVERHEAD = 1 * GiB  # vLLM: CUDA context (engine core and workers), NCCL, cuBLAS workspaces
+ENGINE_OVERHEAD = 1 * GiB  # vLLM: CUDA context, its own tensor-parallel communicators, cuBLAS workspaces
 CUDA_GRAPHS = 1 * GiB  # vLLM's captured graphs when not enforce_eager (inside its share since 0.21)
 DEDICATED_SHARE = 0.9  # an engine alone on its GPU, as the engine's own default
 SPARE = 0.05  # of a shared GPU the computed share leaves free, for what these estimates miss
@@ -79,6 +104,17 @@ VLLM_BLOCK = 16  # tokens a KV block on CUDA
 PLAN_OPTIONS = {"gpu_gib": float, "gpus_per_node": int, "nodes": int}
 LOSS_ROW = "loss chunk | weight sync"  # the larger: they never coincide
 PROCESS_ROW = "CUDA context, NCCL, slack"
+RELOAD_ROW = "weight sync: engine's reload"  # a rebuilt layer + the chunk received, outside the engine's share
+COMMUNICATORS_ROW = "weight sync: NCCL communicators"
+SLEEP_ROW = "step beyond sleeping engine | weight sync"  # the larger: the step, or the sync after the wake
+# Each NCCL communicator of a weight sync by collective keeps, per channel and connection, the
+# Simple protocol's buffer: NCCL_BUFFSIZE, 4 MiB unless set (NCCL's DEFAULT_BUFFSIZE, src/init.cc).
+# The channels NCCL picks by topology; assumed here: 32, the most a ring takes (MAXCHANNELS / 2,
+# as torch/_inductor/comm_analysis.py puts it, which estimates 16 on Hopper), the room above
+# that covering the LL and LL128 protocols' smaller buffers.
+NCCL_BUFFSIZE = 4 << 20
+NCCL_CHANNELS = 32
+NCCL_COMMUNICATOR = NCCL_BUFFSIZE * NCCL_CHANNELS
 
 
 class MemoryPlanError(LayoutError):
@@ -152,6 +188,23 @@ class Arch:
 
     def expert_params(self) -> int:
         return self.moe_layers * self.expert_mlp
+
+    def largest_tensor(self) -> int:
+        """The checkpoint's largest tensor (parameters), as the learners hand weights to the
+        engine: HF names, one tensor per projection and per expert."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return max(self.embedding, self.hidden * q, self.hidden * kv, self.hidden * self.intermediate,
+                   self.hidden * self.moe_intermediate, self.router)
+
+    def engine_module(self, tensor_parallel: int = 1) -> int:
+        """vLLM's largest module on one worker (parameters): what its layerwise reload rebuilds
+        at once. vLLM fuses q, k, v (key-value heads replicated past their count) and gate + up,
+        shards the vocabulary and the MLPs' intermediate over tensor parallel, and keeps an MoE
+        layer's experts as one module."""
+        tp = tensor_parallel
+        q, kv = self.heads * self.head_dim // tp, max(1, self.kv_heads // tp) * self.head_dim
+        return max(-(-self.vocab // tp) * self.hidden, self.hidden * (q + 2 * kv), q * self.hidden,
+                   2 * self.hidden * self.intermediate // tp, self.expert_mlp // tp)
 
     def kv_bytes_per_token(self, tensor_parallel: int = 1, dtype_bytes: int = 2) -> int:
         """K and V of every layer for one token on one GPU (vLLM replicates key-value heads
@@ -345,6 +398,106 @@ def _critic_of(cfg: DictConfig, arch: Arch) -> tuple[bool, int]:
     return critic, arch.layers * arch.attention if critic and freeze else 0
 
 
+# -- the weight sync ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SyncCosts:
+    """What a weight sync holds on the GPUs beyond the weights, in bytes (module docstring)."""
+    transport: str  # ipc | inline | nccl | gloo
+    bucket: int  # B: engine.options.bucket_mb
+    largest: int  # W: the checkpoint's largest tensor, as the learner sends it
+    layer: int  # the engine's largest module on one worker, which its layerwise reload rebuilds
+    chunk: int  # what arrives on an engine worker's GPU at once (0: it arrives on the host)
+    send: int  # a learner rank's send buffer on its GPU (0: on the host)
+    engine_communicators: int  # on each engine worker's GPU: one NCCL communicator per learner rank
+    learner_communicators: int  # on each learner rank's GPU: one per engine replica
+
+    @property
+    def reload(self) -> int:
+        """On each engine worker's GPU, outside its share, during the sync."""
+        return self.layer + self.chunk
+
+    def learner_side(self, kind: str) -> int:
+        """A learner rank's transient during the sync: Megatron's gathered tensors (the one in
+        hand; by collective, its open bucket of them until the bucket is full) and the send
+        buffer. The torch learner sends its own tensors: only the send buffer."""
+        if kind != "megatron":
+            return self.send
+        held = self.bucket + self.largest if self.transport in ("nccl", "gloo") else self.largest
+        return held + self.send
+
+
+def sync_transport(cfg: DictConfig) -> str:
+    """How the weights reach the engine's GPUs: under runtime=ray the cluster's choice by
+    `ray.weight_sync` (training/runtime/ray.py: NCCL, or gloo through the host when colocated;
+    the object store's weights go inline), else `engine.options.weight_transfer` as
+    agent/engines/vllm_async.resolve_transfer reads it with CUDA. An engine off the GPU: inline."""
+    if not _engine_on_gpu(cfg):
+        return "inline"
+    _, options = _engine_kind(cfg)
+    if cfg.get("runtime", "local") == "ray":
+        r = cfg.get("ray") or {}
+        if r.get("weight_sync", "collective") != "collective":
+            return "inline"
+        return "gloo" if r.get("colocate", False) else "nccl"
+    chosen = str(options.get("weight_transfer") or "auto")
+    if chosen == "auto":
+        return "ipc" if int(options.get("tensor_parallel_size", 1)) == 1 else "inline"
+    return chosen
+
+
+def sync_costs(cfg: DictConfig, arch: Arch) -> SyncCosts:
+    """The weight sync's costs for this config (bytes; module docstring). The chunk sizes are
+    the sync code's: vLLM's IPC staging buffer is agent/engines/vllm_transfer.ipc_buffer_bytes,
+    max(B, W); a bucket by collective closes once it holds B or more (collective.make_plan)."""
+    _, options = _engine_kind(cfg)
+    ln = cfg.learner
+    transport = sync_transport(cfg)
+    bucket = int(options.get("bucket_mb") or DEFAULT_BUCKET_BYTES >> 20) << 20
+    if "megatron" in str(ln.get("_target_", "")):  # the bridge exports the model's own dtype
+        e_sent = 2 if str(ln.get("dtype", "auto")) in ("auto", "bfloat16") else 4
+    else:
+        e_sent = _dtype_bytes(ln.get("dtype"), 4)
+    dtype = options.get("dtype") or "auto"
+    e_engine = 2 if dtype == "auto" else _dtype_bytes(dtype)
+    W = arch.largest_tensor() * e_sent
+    on_gpu = {"ipc": max(bucket, W), "nccl": bucket + W}.get(transport, 0)
+    nccl = transport == "nccl"
+    ranks = int((cfg.get("ray") or {}).get("learner_ranks", 1))
+    return SyncCosts(transport=transport, bucket=bucket, largest=W,
+                     layer=arch.engine_module(int(options.get("tensor_parallel_size", 1))) * e_engine,
+                     chunk=on_gpu, send=on_gpu,
+                     engine_communicators=ranks * NCCL_COMMUNICATOR if nccl else 0,
+                     learner_communicators=int(cfg.engine.get("replicas", 1)) * NCCL_COMMUNICATOR if nccl else 0)
+
+
+def layer_backward_extra(arch: Arch, tokens: int, e: int, tp: int = 1,
+                         sequence_parallel: bool = False) -> dict[str, int]:
+    """What the backward through one layer holds beyond the set that layer kept (bytes; T =
+    `tokens`, e the compute dtype's bytes), as megatron-core 0.16's code allocates it:
+
+    - "gathered input": under sequence parallel (tp > 1) a column-parallel linear (q/k/v, the
+      MLP's fc1) keeps only its input's shard and all-gathers it again for its weight gradient,
+      into [T, h] (tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication:
+      forward 465-484, backward 515-528; one global buffer that both linears reuse);
+    - "MLP intermediate gradient": SwiGLU's backward (fusions/fused_bias_swiglu.py,
+      SwiGLUFunction) makes the fc1 output's gradient, [T, 2 f / tp], from the activation's,
+      [T, f / tp] (transformer/mlp.py, MLP.forward): 3 f / tp a token; an MoE layer's for its k
+      routed copies of each token, 3 f_moe / tp each.
+
+    Full recompute (transformer_block.py 532-542, one layer a checkpoint; random.py,
+    CheckpointFunction: forward saves the layer's input, 528; backward reruns the layer, 557)
+    rebuilds one layer's kept set, and this comes on top of it. The gathered input's own gradient
+    ([T, h] before its reduce-scatter, layers.py 531-551) comes in fc1's backward, after SwiGLU's
+    and fc2's saved tensors (3 f / tp a token) and the activation's gradient are freed: less
+    than what is counted while 4 f / tp >= h, as in every layout here."""
+    gathered = tokens * arch.hidden * e if tp > 1 and sequence_parallel else 0
+    if arch.moe_layers:
+        grad = tokens * arch.top_k * e * 3 * arch.moe_intermediate // tp
+    else:
+        grad = tokens * e * 3 * arch.intermediate // tp
+    return {"gathered input": gathered, "MLP intermediate gradient": grad}
+
+
 def _learner(cfg: DictConfig, arch: Arch, world: int) -> tuple[str, dict[str, int], list[str], str]:
     """(kind, bytes by row on the worst learner GPU, problems, layout in words); kind "" when
     the learner stays on the CPU."""
@@ -354,6 +507,7 @@ def _learner(cfg: DictConfig, arch: Arch, world: int) -> tuple[str, dict[str, in
     # a trajectory is never split: the longest one is a micro-batch of its own
     T = max(int(ln.get("micro_batch_tokens") or 8192), min(int(cfg.agent.max_tokens), max_len))
     chunk = int(ln.get("logprob_chunk") or 1024)
+    sync = sync_costs(cfg, arch)
     if "megatron" in str(ln.get("_target_", "")):
         tp, pp, ep = int(ln.tensor_parallel), int(ln.pipeline_parallel), int(ln.expert_parallel)
         problem = _megatron_layout_problem(arch, tp, pp, ep, bool(ln.get("sequence_parallel", True)), world)
@@ -364,21 +518,24 @@ def _learner(cfg: DictConfig, arch: Arch, world: int) -> tuple[str, dict[str, in
         rows = megatron_rows(arch, tp=tp, pp=pp, ep=ep, dp=dp, sequence_parallel=bool(ln.get("sequence_parallel", True)),
                              distributed_optimizer=bool(ln.get("distributed_optimizer", True)), recompute=recompute,
                              bf16=str(ln.get("dtype", "auto")) in ("auto", "bfloat16"), tokens=T, chunk=chunk,
-                             critic=critic, frozen=frozen)
+                             critic=critic, frozen=frozen, sync=sync.learner_side("megatron"))
         words = (f"megatron, tensor {tp} x pipeline {pp} x data {dp}" + (f", expert {ep}" if ep > 1 else "")
                  + (", distributed optimizer" if ln.get("distributed_optimizer", True) else "")
                  + f", micro-batch {T} tokens" + (", recompute" if recompute else ""))
         return "megatron", {**rows, PROCESS_ROW: LEARNER_OVERHEAD}, [], words
     if not str(ln.get("device", "cpu")).startswith("cuda"):
         return "", {}, [], "torch on the CPU"
-    rows = torch_rows(arch, _dtype_bytes(ln.get("dtype"), 4), tokens=T, chunk=chunk, critic=critic, frozen=frozen)
+    rows = torch_rows(arch, _dtype_bytes(ln.get("dtype"), 4), tokens=T, chunk=chunk, critic=critic, frozen=frozen,
+                      sync=sync.learner_side("torch"))
     return "torch", {**rows, PROCESS_ROW: LEARNER_OVERHEAD}, [], \
         f"torch, {world} data-parallel replica(s), micro-batch {T} tokens"
 
 
-def torch_rows(arch: Arch, e: int, *, tokens: int, chunk: int, critic: bool, frozen: int) -> dict[str, int]:
+def torch_rows(arch: Arch, e: int, *, tokens: int, chunk: int, critic: bool, frozen: int,
+               sync: int = 0) -> dict[str, int]:
     """A torch learner rank's bytes: a whole replica in its dtype (e bytes), AdamW's two moments
-    in the same dtype, transformers' activations (module docstring)."""
+    in the same dtype, transformers' activations (module docstring); `sync`: its side of a
+    weight sync (`SyncCosts.learner_side`)."""
     P = arch.policy_params()
     rows = {"policy weights": P * e, "policy gradients": P * e, "policy optimizer": 2 * P * e}
     if critic:
@@ -394,8 +551,8 @@ def torch_rows(arch: Arch, e: int, *, tokens: int, chunk: int, critic: bool, fro
         layer += T * e * 4 * arch.intermediate
     if e < 4:
         layer += T * 4 * 2 * (2 * h + (q + kv) * arch.qk_norm)
-    rows["activations"] = arch.layers * layer
-    rows[LOSS_ROW] = 2 * T * h * e + chunk * arch.vocab * (e + 12)
+    rows["activations"] = arch.layers * layer + sum(layer_backward_extra(arch, T, e).values())
+    rows[LOSS_ROW] = max(2 * T * h * e + chunk * arch.vocab * (e + 12), sync)
     return rows
 
 
@@ -417,8 +574,10 @@ def _megatron_layout_problem(arch: Arch, tp: int, pp: int, ep: int, sequence_par
 
 def megatron_rows(arch: Arch, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1, sequence_parallel: bool = True,
                   distributed_optimizer: bool = True, recompute: bool = False, bf16: bool = True, tokens: int = 8192,
-                  chunk: int = 1024, critic: bool = True, frozen: int = 0) -> dict[str, int]:
-    """A Megatron learner rank's bytes on the worst pipeline stage (module docstring)."""
+                  chunk: int = 1024, critic: bool = True, frozen: int = 0, sync: int | None = None) -> dict[str, int]:
+    """A Megatron learner rank's bytes on the worst pipeline stage (module docstring). `sync`:
+    its side of a weight sync (`SyncCosts.learner_side`); None: the largest tensor gathered and
+    a staging copy of it."""
     e = 2 if bf16 else 4
     master = 12 if bf16 else 8  # fp32 master weights + Adam's two moments; fp32 weights are their own master
     edp = max(dp // ep, 1)  # experts' data parallel (expert tensor parallel = tensor parallel)
@@ -452,10 +611,12 @@ def megatron_rows(arch: Arch, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int 
         full = attn + T * arch.top_k * e * (h + 3 * arch.moe_intermediate / tp) + T * arch.experts * 8 / sp
     else:
         full = attn + T * e * 3 * arch.intermediate / tp
-    # 1F1B: the first stage holds pp micro-batches in flight
-    act = pp * Lp * (T * h * e / sp) + full if recompute else pp * Lp * full
+    # 1F1B: the first stage holds pp micro-batches in flight; one layer's backward holds more
+    backward = sum(layer_backward_extra(arch, T, e, tp, sequence_parallel).values())
+    act = (pp * Lp * (T * h * e / sp) + full if recompute else pp * Lp * full) + backward
     loss = 2 * T * h * e + chunk * (arch.vocab / tp) * (e + 12)
-    sync = 2 * arch.embedding * e  # a weight sync: the largest tensor gathered, and its staging copy
+    if sync is None:
+        sync = 2 * arch.largest_tensor() * e
     rows["activations (recompute)" if recompute else "activations"] = int(act)
     rows[LOSS_ROW] = int(max(loss, sync))
     return rows
@@ -550,20 +711,48 @@ def planned_share(cfg: DictConfig) -> float | None:
 
 
 def _shared_share(cfg: DictConfig, arch: Arch, hw: Hardware) -> float:
+    """A GPU less its learner rank's peak, the weight sync's costs outside the engine's share,
+    and 5% spare (as if the engine stayed awake through the step: the sleeping case needs less)."""
     kind, rows, _, _ = _learner(cfg, arch, _learner_world(cfg, hw))
     if not kind:
         return DEDICATED_SHARE
-    free = hw.gpu_bytes * (1 - SPARE) - sum(rows.values())
+    sync = sync_costs(cfg, arch)
+    free = hw.gpu_bytes * (1 - SPARE) - sum(rows.values()) - sync.reload - sync.engine_communicators
     return max(0.0, min(DEDICATED_SHARE, math.floor(100 * free / hw.gpu_bytes) / 100))
 
 
-def _sleeping_beside(learner_rows: dict, engine) -> dict:
-    """A learner rank's rows on a GPU whose engine sleeps while it steps: vLLM's sleep frees the
-    engine's weights and KV cache, which the step's transient memory (activations, the loss's
-    chunk) may use; only what goes beyond them is counted."""
-    static = {k: v for k, v in learner_rows.items() if "activations" not in k and "loss" not in k}
+def _step_transient(kind: str, row: str) -> bool:
+    """Whether a learner row is memory its step holds only for itself, which `release_memory`
+    hands back: activations, the loss's chunk, and the torch learner's gradients (set to None);
+    Megatron's gradients live in DDP buffers as long as the model."""
+    return "activations" in row or row == LOSS_ROW or (kind == "torch" and "gradients" in row)
+
+
+def _sleeping_beside(kind: str, learner_rows: dict, engine: EngineSide, sync: SyncCosts) -> tuple[dict, str]:
+    """A learner rank's rows on a GPU whose engine sleeps while it steps, and the note that says
+    what they assume. While it steps, vLLM's sleep has freed the engine's weights and KV cache,
+    which the step's transient memory may use; then the learner releases it (`release_memory`),
+    the engine wakes to its whole share, and the weight sync adds its learner side and the
+    engine's reload. What stays throughout is the rest of the learner's rows; of the step beyond
+    the sleeping engine and the sync the larger is counted."""
+    static = {k: v for k, v in learner_rows.items() if not _step_transient(kind, k)}
     transient = sum(learner_rows.values()) - sum(static.values())
-    return {**static, "learner step beyond the sleeping engine": max(0, transient - (engine.budget - engine.overhead))}
+    beyond = max(0, transient - (engine.budget - engine.overhead))
+    during_sync = sync.learner_side(kind) + sync.reload
+    note = (f"the learner's step uses the sleeping engine's memory ({_gib(transient)} GiB of step transient, "
+            f"{_gib(beyond)} beyond it); learner.release_memory hands that back before the engine wakes, leaving "
+            f"the learner's weights and optimizer states" + (" and gradient buffers" if kind == "megatron" else "")
+            + f"; the weight sync then adds {_gib(during_sync)} GiB beside the awake engine (the learner's "
+            f"{sync.transport} buffers {_gib(sync.learner_side(kind))}, the engine's reload {_gib(sync.reload)})")
+    return {**static, SLEEP_ROW: max(beyond, during_sync)}, note
+
+
+def _sync_rows(sync: SyncCosts, side: str) -> dict[str, int]:
+    """The weight sync's rows outside any share on an engine worker's GPU (`side` "engine") or a
+    learner rank's ("learner"); none that are 0."""
+    rows = {RELOAD_ROW: sync.reload, COMMUNICATORS_ROW: sync.engine_communicators} if side == "engine" \
+        else {COMMUNICATORS_ROW: sync.learner_communicators}
+    return {k: v for k, v in rows.items() if v}
 
 
 def plan(cfg: DictConfig, hw: Hardware) -> Plan:
@@ -590,15 +779,16 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
         + ["learner.micro_batch_tokens", "learner.logprob_chunk"])
     given = options.get("gpu_memory_utilization")
     colocate = runtime == "ray" and bool((cfg.get("ray") or {}).get("colocate", False))
+    sync = sync_costs(cfg, arch)
     if colocate and on_gpu and kind:
         # ray.colocate: every learner rank's GPU holds an engine worker too, asleep while it steps
         share = float(given) if given is not None else _shared_share(cfg, arch, hw)
         engine = _engine(cfg, arch, hw.gpu_bytes, share, "engine.options.gpu_memory_utilization"
                          if given is not None else "computed: a GPU less its learner rank")
         shared = _engine_gpu("engine worker + learner rank", world, engine)
-        shared.rows = {**_sleeping_beside(learner_rows, engine), **shared.rows}
-        notes.append("ray.colocate: the engine sleeps (vLLM's sleep mode) while the learner steps, whose "
-                     "transient memory may use the engine's")
+        beside, note = _sleeping_beside(kind, learner_rows, engine, sync)
+        shared.rows = {**beside, **shared.rows}  # (gloo through the host: no NCCL communicators of the sync)
+        notes.append("ray.colocate: the engine sleeps (vLLM's sleep mode) while the learner steps; " + note)
         gpus.append(shared)
         summary.append(f"engine: {replicas} replica(s) x tensor parallel {etp} on the learner ranks' GPUs (ray.colocate), "
                        f"share {share:.2f} ({engine.share_from})")
@@ -613,9 +803,11 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
         if on_gpu:
             engine = _engine(cfg, arch, hw.gpu_bytes, share, "engine.options.gpu_memory_utilization"
                              if given is not None else "its own GPU")
-            gpus.append(_engine_gpu("engine", replicas * etp, engine))
+            alone = _engine_gpu("engine", replicas * etp, engine)
+            alone.rows.update(_sync_rows(sync, "engine"))
+            gpus.append(alone)
         if kind:
-            gpus.append(Gpu("learner rank", world, dict(learner_rows)))
+            gpus.append(Gpu("learner rank", world, {**learner_rows, **_sync_rows(sync, "learner")}))
         needed = replicas * etp * on_gpu + world * bool(kind)
         summary.append(f"engine: {replicas} replica(s) x tensor parallel {etp} on GPUs of their own" if on_gpu
                        else "engine: on the CPU")
@@ -629,10 +821,11 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
                              if given is not None else "computed: GPU 0 less the learner rank")
             shared = _engine_gpu("GPU 0: engine + learner rank", etp, engine)
             if options.get("sleep_during_step"):
-                shared.rows = {**_sleeping_beside(learner_rows, engine), **shared.rows}
-                notes.append("engine.options.sleep_during_step: the learner's step uses the sleeping engine's memory")
-            else:
-                shared.rows = {**learner_rows, **shared.rows}
+                beside, note = _sleeping_beside(kind, learner_rows, engine, sync)
+                shared.rows = {**beside, **shared.rows}
+                notes.append("engine.options.sleep_during_step: " + note)
+            else:  # the learner's CUDA cache keeps its step's peak: the sync's reload comes on top
+                shared.rows = {**learner_rows, **shared.rows, **_sync_rows(sync, "engine")}
             gpus.append(shared)
             if world > etp:
                 gpus.append(Gpu("learner rank", world - etp, dict(learner_rows)))
@@ -642,7 +835,10 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
             share = float(given) if given is not None else DEDICATED_SHARE
             engine = _engine(cfg, arch, hw.gpu_bytes, share, "engine.options.gpu_memory_utilization"
                              if given is not None else "its own GPU")
-            gpus.append(_engine_gpu("engine", etp, engine))
+            alone = _engine_gpu("engine", etp, engine)
+            # (ipc: the learner's process, on the CPU, still stages the weights on GPU 0)
+            alone.rows.update({k: v + sync.send if k == RELOAD_ROW else v for k, v in _sync_rows(sync, "engine").items()})
+            gpus.append(alone)
             summary.append(f"engine: on GPU 0, share {share:.2f}, the learner on the CPU")
         elif kind:
             gpus.append(Gpu("learner rank", world, dict(learner_rows)))
@@ -653,7 +849,8 @@ def plan(cfg: DictConfig, hw: Hardware) -> Plan:
             if "learner" in g.title:
                 fields.append(fields_learner)
             if "engine" in g.title:
-                fields.append("engine.options.gpu_memory_utilization")
+                fields.append("engine.options.gpu_memory_utilization"  # (a bucket larger than W adds to the chunk)
+                              + (", engine.options.bucket_mb" if sync.chunk > sync.largest else ""))
             problems.append(f"{g.title}: {_gib(g.total)} GiB of {_gib(hw.gpu_bytes)} GiB; change "
                             + "; ".join(fields))
     if engine is not None:

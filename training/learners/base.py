@@ -2,9 +2,11 @@
 
 A learner owns the policy (and the critic, for algos that use one) and its optimizers. The
 orchestrator calls `step` with a batch of trajectories, then hands `state_dict_for_engine()`
-to the engine; `save` / `load` are the checkpoint's learner part. A learner whose ranks hold
-shards (`collective`: Megatron) runs step, weight export, save and load on every rank together;
-one whose ranks hold replicas (torch) runs them on rank 0 alone, but for the step.
+to the engine; `save` / `load` are the checkpoint's learner part. Where the engine shares the
+learner's GPUs and sleeps while it steps, the orchestrator calls `release_memory` after the
+step and before the engine wakes. A learner whose ranks hold shards (`collective`: Megatron)
+runs step, weight export, save and load on every rank together; one whose ranks hold replicas
+(torch) runs them on rank 0 alone, but for the step (and the release).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class Learner(Protocol):
 
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's weights under the engine's (HF) names."""
+
+    def release_memory(self) -> None:
+        """Give the GPU back what the step held only for itself (gradients where they are
+        tensors of their own, the CUDA caching allocator's free blocks), so that what stays is
+        the weights and the optimizer's states; every rank. Called between a step and a
+        colocated engine's wake-up."""
 
     def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The same weights one tensor at a time on every rank, in the same order on each, each

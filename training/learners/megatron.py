@@ -357,6 +357,17 @@ class MegatronLearner:
         accumulate(weighted, m, mb.num_sampled / n_sampled)
         return loss * n_loss, self._count(count), weighted
 
+    def release_memory(self) -> None:
+        """After a step, before a colocated engine wakes (every rank): the optimizers' main
+        parameters drop their gradients (megatron's `zero_grad(set_to_none=True)`: views of the
+        DDP gradient buffer, or fp32 copies of it), and on CUDA the caching allocator hands its
+        free blocks back (the step's activations, recomputed layers, logits chunks). The DDP
+        gradient buffers themselves stay: megatron allocates them once for the model's life."""
+        for _, model in self._models():
+            model.optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     # -- weights out, checkpoints -------------------------------------------------------------
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's weights by HF name, gathered across TP/PP/EP by the bridge, the tied

@@ -241,6 +241,17 @@ class TorchLearner:
 
         return self._update("policy", self.policy, self.policy_opt, batch, parts, loss_of, n_sampled)
 
+    def release_memory(self) -> None:
+        """After a step, before a colocated engine wakes: the gradients go (each update sets
+        them to None before its first backward anyway), and on CUDA the caching allocator hands
+        its free blocks back (the step's activations and logits chunks), so this rank keeps only
+        its weights and AdamW's moments while the engine takes its share again."""
+        for model in (self.policy, self.critic):
+            if model is not None:
+                model.zero_grad(set_to_none=True)
+        if str(self.device).startswith("cuda"):
+            torch.cuda.empty_cache()
+
     # -- weights out, checkpoints -----------------------------------------------------------------
     def state_dict_for_engine(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's weights by HF name, the tied output head included (vLLM needs it)."""

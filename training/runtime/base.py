@@ -14,7 +14,7 @@ from agent.engines.base import Engine
 from training.collectives import replica_spread
 from training.learners.base import Learner
 
-COMMANDS = ("step", "weights", "save", "load")
+COMMANDS = ("step", "release", "weights", "save", "load")
 
 
 class ClusterError(ValueError):
@@ -42,6 +42,8 @@ def run_command(learner: Learner, world: int, command: str, *args) -> Any:
         if world > 1 and not learner.collective:
             metrics["learner/replica_spread"] = replica_spread(learner)
         return metrics
+    if command == "release":  # between a step and a colocated engine's wake-up: every rank, its own GPU
+        return learner.release_memory()
     if command == "weights":
         return learner.state_dict_for_engine()
     if command == "save":

@@ -5,9 +5,10 @@
 Rank 0 runs everything a one-process run does (engine, sandboxes, the stream, checkpoints)
 and drives the learner; every other rank builds its part of the learner (a replica of the
 torch learner's policy and critic, or its Megatron shard) and only follows (`follow`): rank 0
-broadcasts each command (a step's trajectories, weights for the engine, a checkpoint to save or
-load, stop), and each rank carries it out (`runtime.base.run_command`). The torch learner's
-replicas take part in the step alone; the Megatron learner's shards in every command.
+broadcasts each command (a step's trajectories, the step's memory to release, weights for the
+engine, a checkpoint to save or load, stop), and each rank carries it out
+(`runtime.base.run_command`). The torch learner's replicas take part in the step and the
+release alone; the Megatron learner's shards in every command.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class LearnerGroup:
 
     def step(self, trajectories, group_ids=None):
         return self._run("step", trajectories, group_ids)
+
+    def release_memory(self) -> None:
+        self._run("release")  # every rank: the engine's tensor-parallel workers may sit beside any of them
 
     def state_dict_for_engine(self):
         return self._run("weights", everywhere=self.learner.collective)

@@ -583,6 +583,9 @@ class LearnerActor:
     def version(self) -> int:
         return self.learner.version
 
+    def release_memory(self) -> None:
+        run_command(self.learner, self.world, "release")
+
     def weights(self) -> list | None:
         tensors = [(n, t.detach().cpu()) for n, t in run_command(self.learner, self.world, "weights")]
         return [ray.put(tensors), sum(t.numel() * t.element_size() for _, t in tensors)] if self.rank == 0 else None
@@ -642,6 +645,11 @@ class RayLearnerGroup:
             metrics = ray.get([a.step.remote(batch, group_ids) for a in self.actors])[0]
             self._version = ray.get(self.actors[0].version.remote())
         return metrics
+
+    def release_memory(self) -> None:
+        """ray.colocate: every rank frees its step's transient memory before the engines wake."""
+        with self.lock:
+            ray.get([a.release_memory.remote() for a in self.actors])
 
     def _rank0_or_all(self):
         return self.actors if self.collective else self.actors[:1]
